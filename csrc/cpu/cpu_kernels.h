@@ -1,0 +1,24 @@
+// Raw-pointer C++/OpenMP CPU kernels (no torch headers). All tensors are contiguous row-major fp32;
+// bindings.cpp upcasts fp16/bf16 inputs and rounds outputs back. Nullable pointers are marked.
+#pragma once
+#include <cstdint>
+
+namespace fastenc_cpu {
+
+// LayerNorm (rms=false) or RMSNorm (rms=true) of h = x (+ residual) over rows x hidden.
+// residual, bias, residual_out may be null; residual_out receives h when residual is given.
+void norm_fwd(const float* x, const float* residual, const float* weight, const float* bias, float* out,
+              float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms);
+
+// out = gelu(x + bias); x, out: rows x n; bias (n) may be null; tanh selects the tanh approximation.
+void gelu_fwd(const float* x, const float* bias, float* out, int64_t rows, int64_t n, bool tanh_approx);
+
+// out = gelu(x[:, :n]) * x[:, n:]; x: rows x 2n, out: rows x n.
+void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, bool tanh_approx);
+
+// Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d; cos/sin: P x half (rotary dim 2*half <= d);
+// pos: tokens (int32). Writes qo, ko (same shapes); dims past 2*half are copied.
+void rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
+              const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half);
+
+}  // namespace fastenc_cpu

@@ -1,0 +1,3 @@
+from fastenc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""`fastenc info | run | bench | check | build` — the command line."""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+
+def _versions() -> list[tuple[str, str]]:
+    import importlib.metadata as md
+
+    import torch
+
+    def ver(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    rows = [("fastenc", ver("fastenc")), ("python", platform.python_version()), ("torch", torch.__version__),
+            ("triton", ver("triton")), ("torch CUDA", str(torch.version.cuda)), ("transformers", ver("transformers"))]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            rows.append((f"cuda:{i}", f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)"))
+    else:
+        rows.append(("cuda devices", "none"))
+    rows.append(("cpu", f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"))
+    return rows
+
+
+def cmd_info(args) -> int:
+    import fastenc  # noqa: F401  (registers every op)
+    from fastenc import extension, registry
+
+    if getattr(args, "build", False):
+        why = extension.cpu_available()
+        print("extension:", "built" if why is None else why)
+    for k, v in _versions():
+        print(f"{k:>14}: {v}")
+    rows = registry.info_table()
+    w = max(len(r[0]) for r in rows)
+    print()
+    print(f"{'op':<{w}}  {'backend':<9}  status")
+    print(f"{'-' * w}  {'-' * 9}  {'-' * 40}")
+    for op, backend, status in rows:
+        print(f"{op:<{w}}  {backend:<9}  {status}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fastenc", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pi = sub.add_parser("info", help="versions, devices, and every op x backend with its status")
+    pi.add_argument("--build", action="store_true", help="build the C++ extension first and report")
+    pi.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""nn.Modules over fastenc.ops."""

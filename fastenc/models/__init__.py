@@ -1,0 +1,1 @@
+"""Encoder models (BERT, ModernBERT, ViT) over fastenc.layers, and their Hugging Face conversion."""

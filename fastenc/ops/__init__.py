@@ -1,0 +1,9 @@
+"""Public ops. Each is a torch.library custom op (`fastenc::<name>`) dispatching to a registered backend."""
+from fastenc.ops.layer_norm import layer_norm
+from fastenc.ops.rms_norm import rms_norm
+from fastenc.ops.gelu import gelu
+from fastenc.ops.geglu import geglu
+from fastenc.ops.rope import rope, rope_cache
+from fastenc.ops.attention import attention
+
+__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "rope", "rope_cache", "attention"]

@@ -1,0 +1,61 @@
+"""Standard Impl builders for the four backends, so each op file only names its functions."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Mapping
+
+from fastenc import extension, registry
+from fastenc.registry import FLOAT_DTYPES, Impl
+
+
+def reference(op: str, fn: Callable, **kw) -> Impl:
+    return registry.register(Impl(op=op, backend="reference", fn=fn, devices=("cpu", "cuda"), priority=0, **kw))
+
+
+def _lazy(module: str, name: str) -> Callable:
+    """Resolve module.name at first call (keeps triton and the extension out of import time)."""
+    cache: list[Callable] = []
+
+    def call(*args, **kwargs):
+        if not cache:
+            cache.append(getattr(importlib.import_module(module), name))
+        return cache[0](*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+def triton(op: str, module: str, name: str, check: Callable[[Mapping[str, Any]], list[str]] | None = None,
+           dtypes=FLOAT_DTYPES, priority: int = 30, limits: str = "") -> Impl:
+    def full_check(inputs):
+        return registry.triton_check(inputs) + (check(inputs) if check else [])
+
+    return registry.register(Impl(op=op, backend="triton", fn=_lazy(module, name), devices=("cuda", "cpu"),
+                                  auto_devices=("cuda",), dtypes=dtypes, priority=priority,
+                                  available=registry.triton_available, check=full_check, limits=limits))
+
+
+def _ext_fn(name: str) -> Callable:
+    def call(*args, **kwargs):
+        return getattr(extension.load(), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+def cpu(op: str, name: str, check=None, dtypes=FLOAT_DTYPES, priority: int = 20, limits: str = "fp32 math") -> Impl:
+    return registry.register(Impl(op=op, backend="cpu", fn=_ext_fn(name), devices=("cpu",), dtypes=dtypes,
+                                  priority=priority, available=extension.cpu_available, probe=extension.status,
+                                  check=check, limits=limits))
+
+
+def cuda(op: str, name: str, check=None, dtypes=FLOAT_DTYPES, priority: int = 20, limits: str = "") -> Impl:
+    def probe():
+        import torch
+        if torch.version.cuda is None:
+            return "torch has no CUDA"
+        return extension.status()
+
+    return registry.register(Impl(op=op, backend="cuda", fn=_ext_fn(name), devices=("cuda",), dtypes=dtypes,
+                                  priority=priority, available=extension.cuda_available, probe=probe,
+                                  check=check, limits=limits))

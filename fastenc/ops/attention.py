@@ -1,0 +1,157 @@
+"""fastenc.ops.attention: fused bidirectional attention — padded, variable-length (cu_seqlens), sliding window.
+
+Every backend implements one contract, the packed variable-length form (FlashAttention's varlen convention):
+  fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale) -> out
+  q, k, v: (total_tokens, heads, head_dim) contiguous; cu_seqlens: int32 (batch+1,); window -1 = unbounded.
+The padded layout is served through it: without a mask as a free view, with a mask by unpadding once and
+re-padding the output (padded query rows are zero).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fastenc import registry
+from fastenc.ops import _backends
+from fastenc.ops._common import check_float
+from fastenc.reference.attention import attention_varlen_ref
+
+OP = "attention"
+
+
+def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale):
+    return attention_varlen_ref(q, k, v, cu_seqlens, (window_left, window_right), scale)
+
+
+@torch.library.custom_op("fastenc::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                  window_left: int, window_right: int, scale: float, backend: str) -> torch.Tensor:
+    return registry.impls(OP)[backend].fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
+
+
+@_attention_op.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend):
+    return torch.empty_like(q)
+
+
+_backends.reference(OP, _reference)
+
+
+def _window(window) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if isinstance(window, bool):
+        raise TypeError(f"{OP}: window must be an int or a (left, right) pair, got bool")
+    if isinstance(window, int):
+        left = right = window
+    elif isinstance(window, (tuple, list)) and len(window) == 2 and all(isinstance(w, int) and not isinstance(w, bool) for w in window):
+        left, right = window
+    else:
+        raise TypeError(f"{OP}: window must be an int or a (left, right) pair of ints, got {window!r}")
+    if left < 0 or right < 0:
+        raise ValueError(f"{OP}: window sizes must be >= 0, got (left={left}, right={right})")
+    return int(left), int(right)
+
+
+def check_cu_seqlens(cu_seqlens, total: int, device, op: str = OP) -> list[int]:
+    """Validate FlashAttention-style cu_seqlens; returns it as a Python list."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"{op}: cu_seqlens must be int32, got {str(cu_seqlens.dtype).replace('torch.', '')}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{op}: cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{op}: cu_seqlens must be on {device}, got {cu_seqlens.device}")
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0:
+        raise ValueError(f"{op}: cu_seqlens must start at 0, got {cu[0]}")
+    if any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {cu}")
+    if cu[-1] != total:
+        raise ValueError(f"{op}: cu_seqlens must end at total_tokens={total}, got {cu[-1]}")
+    return cu
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None,
+              cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None, window=None,
+              scale: float | None = None, backend: str | None = None) -> torch.Tensor:
+    """Non-causal attention: every query sees every key of its own sequence (within `window`, if given).
+
+    Padded:  q, k, v (batch, seq, heads, head_dim); key_padding_mask (batch, seq) bool, True = real token.
+             Output rows at padded query positions are zero.
+    Packed:  q, k, v (total_tokens, heads, head_dim); cu_seqlens int32 (batch+1,); max_seqlen >= longest.
+    window:  int (each side) or (left, right): query i sees keys i-left..i+right of its sequence.
+    scale:   defaults to 1/sqrt(head_dim). fp32/fp16/bf16, fp32 accumulation. Returns q's shape and dtype.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(name, OP, t)
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"{OP}: q, k, v must have the same shape, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{OP}: q, k, v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"{OP}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    wl, wr = _window(window)
+    d = q.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{OP}: scale must be a finite float, got {scale!r}")
+    if key_padding_mask is not None and cu_seqlens is not None:
+        raise ValueError(f"{OP}: give key_padding_mask (padded layout) or cu_seqlens (packed layout), not both")
+
+    if cu_seqlens is not None:
+        if q.dim() != 3:
+            raise ValueError(f"{OP}: with cu_seqlens, q must be packed (total_tokens, heads, head_dim), "
+                             f"got shape {tuple(q.shape)}")
+        cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.device)
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
+        if max_seqlen is None:
+            max_seqlen = longest
+        elif not isinstance(max_seqlen, int) or max_seqlen < longest:
+            raise ValueError(f"{OP}: max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen!r}")
+        return _run(q, k, v, cu_seqlens, int(max_seqlen), wl, wr, float(scale), backend)
+
+    if q.dim() != 4:
+        raise ValueError(f"{OP}: q must be (batch, seq, heads, head_dim), or packed (total_tokens, heads, head_dim) "
+                         f"with cu_seqlens; got shape {tuple(q.shape)}")
+    if max_seqlen is not None:
+        raise ValueError(f"{OP}: max_seqlen goes with cu_seqlens (packed layout)")
+    b, s, h, _ = q.shape
+    if key_padding_mask is None:
+        cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+        out = _run(q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d), cu, s, wl, wr,
+                   float(scale), backend)
+        return out.view(q.shape)
+    if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"{OP}: key_padding_mask must be a bool tensor, got "
+                        f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}")
+    if tuple(key_padding_mask.shape) != (b, s):
+        raise ValueError(f"{OP}: key_padding_mask must have shape (batch, seq)={(b, s)}, got {tuple(key_padding_mask.shape)}")
+    if key_padding_mask.device != q.device:
+        raise ValueError(f"{OP}: key_padding_mask must be on {q.device}, got {key_padding_mask.device}")
+    from fastenc.models.padding import pad_input, unpad_input  # runtime helpers shared with the models
+
+    if wl >= 0 or wr >= 0:
+        # Window distances are padded positions; unpadding preserves them only for contiguous real tokens.
+        m = key_padding_mask.to(torch.int8)
+        starts = (m[:, 1:] > m[:, :-1]).sum(1) + m[:, 0]
+        if bool((starts > 1).any()):
+            raise ValueError(f"{OP}: with a window, each row of key_padding_mask must mark one contiguous run of real tokens")
+    idx, cu, longest = unpad_input(key_padding_mask)
+    qp, kp, vp = (t.reshape(b * s, h, d).index_select(0, idx) for t in (q, k, v))
+    out = _run(qp.contiguous(), kp.contiguous(), vp.contiguous(), cu, max(longest, 1), wl, wr, float(scale), backend)
+    return pad_input(out, idx, b, s)
+
+
+def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend):
+    if q.numel() == 0:
+        return q.new_zeros(q.shape)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
+              "window": (wl, wr), "scale": scale}
+    impl = registry.select(OP, inputs, backend)
+    return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)

@@ -1,0 +1,9 @@
+"""Pure-PyTorch references (fp32 math): the test oracle, the benchmark baseline, the last-resort fallback."""
+from fastenc.reference.layer_norm import layer_norm_ref
+from fastenc.reference.rms_norm import rms_norm_ref
+from fastenc.reference.gelu import gelu_ref
+from fastenc.reference.geglu import geglu_ref
+from fastenc.reference.rope import rope_cache, rope_ref
+from fastenc.reference.attention import attention_ref, attention_varlen_ref
+
+__all__ = ["layer_norm_ref", "rms_norm_ref", "gelu_ref", "geglu_ref", "rope_cache", "rope_ref", "attention_ref", "attention_varlen_ref"]

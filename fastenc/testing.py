@@ -1,0 +1,93 @@
+"""The one tolerance rule, shape sets and helpers shared by tests and benchmarks.
+
+Tolerance (FlashAttention's rule): a low-precision implementation is compared with the reference computed
+in fp32/fp64, and may err by at most twice what the reference itself errs when run in the same low
+precision, plus a small floor:  max|out - ref32| <= 2 * max|ref_lowp - ref32| + floor[dtype].
+fp32 implementations must match the fp32 reference to ~1e-5 relative.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from fastenc import registry
+
+FLOORS = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float64: 1e-10}
+# Odd hidden sizes and lengths that real models use or that break power-of-two assumptions.
+HIDDEN_SIZES = (384, 1000, 1152)
+SEQ_LENS = (1, 17, 129)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def tolerance(ref32: torch.Tensor, ref_lowp: torch.Tensor | None, dtype: torch.dtype, extra: float = 0.0) -> float:
+    """Allowed max abs error for an output of `dtype` against the fp32 reference `ref32`.
+
+    `extra` widens the floor for documented reasons (e.g. one bf16 ulp for the Triton interpreter's
+    truncating fp32->bf16 cast).
+    """
+    scale = float(ref32.abs().max()) if ref32.numel() else 0.0
+    if dtype == torch.float32 or ref_lowp is None:
+        return FLOORS[torch.float32] * max(1.0, scale) + extra
+    lowp_err = float((ref_lowp.double() - ref32.double()).abs().max()) if ref32.numel() else 0.0
+    return 2.0 * lowp_err + FLOORS[dtype] * max(1.0, scale) + extra
+
+
+def bf16_ulp(ref32: torch.Tensor) -> float:
+    """One bf16 unit in the last place at the magnitude of `ref32` (2^-7 relative)."""
+    return float(ref32.abs().max()) * 2.0 ** -7 if ref32.numel() else 0.0
+
+
+def assert_close(out: torch.Tensor, ref32: torch.Tensor, ref_lowp: torch.Tensor | None = None, *,
+                 dtype: torch.dtype | None = None, extra: float = 0.0, name: str = "out") -> None:
+    """Assert the tolerance rule; NaN or Inf never passes; shapes must match exactly."""
+    dtype = dtype or out.dtype
+    assert out.shape == ref32.shape, f"{name}: shape {tuple(out.shape)} != reference {tuple(ref32.shape)}"
+    if out.numel() == 0:
+        return
+    o = out.detach().double().cpu()
+    r = ref32.detach().double().cpu()
+    assert torch.isfinite(o).all(), f"{name}: non-finite values in output ({(~torch.isfinite(o)).sum().item()} of {o.numel()})"
+    err = float((o - r).abs().max())
+    tol = tolerance(ref32.detach().cpu(), None if ref_lowp is None else ref_lowp.detach().cpu(), dtype, extra)
+    assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e} ({dtype_id(dtype)})"
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so an element a kernel forgets to write fails the comparison."""
+    return t.fill_(float("nan"))
+
+
+def randn(*shape: int, dtype=torch.float32, device="cpu", scale: float = 1.0, seed: int | None = None) -> torch.Tensor:
+    """Fresh random data (never zeros); `seed` for reproducibility within a test."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+
+def backends_for(op: str, device: str = "cpu") -> list[str]:
+    """Backends of `op` that should run in this environment's tests (CPU-only CI: triton runs under
+    the interpreter, cpu runs if a compiler exists, cuda only with a GPU)."""
+    out = []
+    for name, impl in registry.impls(op).items():
+        if name == "cuda" and not torch.cuda.is_available():
+            continue
+        if name == "triton" and device == "cpu" and not registry.interpreter_on():
+            continue
+        out.append(name)
+    return sorted(out, key=registry.BACKENDS.index)
+
+
+def device_for(backend: str) -> str:
+    if backend == "cuda":
+        return "cuda"
+    if backend == "triton":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if backend == "cpu":
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"

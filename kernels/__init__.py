@@ -1,0 +1,1 @@
+"""Triton kernels, installed as fastenc.kernels. Nothing here touches a GPU at import."""
