@@ -102,6 +102,8 @@ std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& 
 // (section owned by the CUDA kernels: csrc/<op>/*.cu launchers)
 #endif
 
+std::string torch_version() { return FASTENC_TORCH_VERSION; }
+
 bool has_cuda() {
 #ifdef FASTENC_WITH_CUDA
   return true;
@@ -114,7 +116,7 @@ bool has_cuda() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastenc C++ extension: CPU (C++/OpenMP) and CUDA kernels";
-  m.def("torch_version", [] { return std::string(FASTENC_TORCH_VERSION); });
+  m.def("torch_version", &torch_version, "torch version the extension was built against");
   m.def("has_cuda", &has_cuda);
   m.def("layer_norm", &layer_norm, "LayerNorm (+residual), fp32 math");
   m.def("rms_norm", &rms_norm, "RMSNorm (+residual), fp32 math");

@@ -149,7 +149,9 @@ def load(verbose: bool | None = None):
             )
         except Exception as e:  # the compiler's message becomes the backend's reason
             msg = str(e).strip()
-            _ERROR = "C++ extension build failed: " + (msg[-_MAX_ERR:] if len(msg) > _MAX_ERR else msg)
+            errors = [ln for ln in msg.splitlines() if "error" in ln.lower()]
+            msg = "\n".join(errors[:5]) if errors else msg
+            _ERROR = "C++ extension build failed: " + msg[:_MAX_ERR]
             raise RuntimeError(_ERROR) from None
         print("fastenc: C++ extension ready", file=sys.stderr, flush=True)
         return _MODULE
