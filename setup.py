@@ -17,14 +17,14 @@ if os.environ.get("FASTENC_BUILD_EXT", "0") not in ("", "0"):
     cuda = torch.version.cuda is not None and CUDA_HOME is not None
     srcs = ["csrc/bindings.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     archs = [a for a in os.environ.get("FASTENC_CUDA_ARCHS", "80;90").replace(",", ";").split(";") if a]
-    cxx = ["-O3", "-fopenmp", "-std=c++17", f'-DFASTENC_TORCH_VERSION="{torch.__version__}"']
+    cxx = ["-O3", "-fopenmp"]
     if os.environ.get("FASTENC_CPU_ARCH"):
         cxx.append(f"-march={os.environ['FASTENC_CPU_ARCH']}")
     kw = dict(name="fastenc._C", include_dirs=[os.path.abspath("csrc/common"), os.path.abspath("csrc")],
               extra_link_args=["-fopenmp"])
     if cuda:
         srcs += sorted(glob.glob("csrc/*/*.cu"))
-        nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-DFASTENC_WITH_CUDA"]
+        nvcc = ["-O3", "--use_fast_math", "-lineinfo", "-DFASTENC_WITH_CUDA"]
         for a in archs:
             n = a.rstrip("a")
             nvcc += ["-gencode", f"arch=compute_{a},code=sm_{a}" if a.endswith("a") else f"arch=compute_{n},code=sm_{n}"]

@@ -8,9 +8,7 @@
 
 #include "cpu/cpu_kernels.h"
 
-#ifndef FASTENC_TORCH_VERSION
-#define FASTENC_TORCH_VERSION "unknown"
-#endif
+#include <torch/version.h>
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
@@ -102,7 +100,10 @@ std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& 
 // (section owned by the CUDA kernels: csrc/<op>/*.cu launchers)
 #endif
 
-std::string torch_version() { return FASTENC_TORCH_VERSION; }
+std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
 
 bool has_cuda() {
 #ifdef FASTENC_WITH_CUDA

@@ -54,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     pi = sub.add_parser("info", help="versions, devices, and every op x backend with its status")
     pi.add_argument("--build", action="store_true", help="build the C++ extension first and report")
     pi.set_defaults(func=cmd_info)
+    pb = sub.add_parser("build", help="build the C++ extension now and report (same as info --build)")
+    pb.set_defaults(func=lambda a: (setattr(a, "build", True), cmd_info(a))[1])
+    # Subcommands owned by their modules: each module exposes add_parser(subparsers) setting `func`.
+    for module in ("fastenc.run", "fastenc.benchmark.cli", "fastenc.check"):
+        try:
+            mod = __import__(module, fromlist=["add_parser"])
+        except ImportError as e:
+            if e.name is None or not module.startswith(e.name):
+                raise
+            continue
+        mod.add_parser(sub)
     return p
 
 

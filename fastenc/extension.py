@@ -58,7 +58,7 @@ def sources(cuda: bool | None = None) -> list[str]:
 
 
 def cflags(aot: bool = False) -> list[str]:
-    flags = ["-O3", "-fopenmp", "-std=c++17", "-DFASTENC_TORCH_VERSION=\"%s\"" % torch.__version__]
+    flags = ["-O3", "-fopenmp"]
     arch = os.environ.get("FASTENC_CPU_ARCH", "" if aot else "native")
     if arch:
         flags.append(f"-march={arch}")
@@ -66,7 +66,7 @@ def cflags(aot: bool = False) -> list[str]:
 
 
 def nvcc_flags() -> list[str]:
-    flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-DFASTENC_WITH_CUDA"]
+    flags = ["-O3", "--use_fast_math", "-lineinfo", "-DFASTENC_WITH_CUDA"]
     for a in cuda_archs():
         num = a.rstrip("a")
         flags += ["-gencode", f"arch=compute_{a},code=sm_{a}" if a.endswith("a") else f"arch=compute_{num},code=sm_{num}"]
@@ -87,7 +87,7 @@ def _aot_module():
     except ImportError:
         return None, None
     built = getattr(mod, "torch_version", lambda: "?")()
-    if built != torch.__version__:
+    if built != torch.__version__.split("+")[0]:
         return None, f"prebuilt fastenc._C was built for torch {built}, running torch {torch.__version__}"
     return mod, None
 
