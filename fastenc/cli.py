@@ -34,10 +34,12 @@ def cmd_info(args) -> int:
     from fastenc import extension, registry
 
     if getattr(args, "build", False):
-        why = extension.cpu_available()
-        print("extension:", "built" if why is None else why)
+        extension.cpu_available()
     for k, v in _versions():
         print(f"{k:>14}: {v}")
+    ext = extension.status()
+    print(f"{'C++ extension':>14}: " + ("loaded" if extension.loaded() else ext if ext else
+                                        "not built yet: builds on first use of a cpu/cuda op (or `fastenc build`)"))
     rows = registry.info_table()
     w = max(len(r[0]) for r in rows)
     print()

@@ -104,6 +104,10 @@ def _compiler_missing() -> str | None:
     return None
 
 
+def loaded() -> bool:
+    return _MODULE is not None
+
+
 def status() -> str | None:
     """Cheap: None if the extension is loaded or could be built, else the reason it cannot."""
     if _MODULE is not None:

@@ -30,9 +30,19 @@ def triton(op: str, module: str, name: str, check: Callable[[Mapping[str, Any]],
     def full_check(inputs):
         return registry.triton_check(inputs) + (check(inputs) if check else [])
 
+    def probe():
+        why = registry.triton_available()
+        if why:
+            return why
+        import torch
+        if torch.cuda.is_available():
+            return None
+        return None if registry.interpreter_on() else "no CUDA device (CPU tensors need TRITON_INTERPRET=1)"
+
     return registry.register(Impl(op=op, backend="triton", fn=_lazy(module, name), devices=("cuda", "cpu"),
                                   auto_devices=("cuda",), dtypes=dtypes, priority=priority,
-                                  available=registry.triton_available, check=full_check, limits=limits))
+                                  available=registry.triton_available, check=full_check, probe=probe,
+                                  limits=limits or "CUDA; CPU tensors under TRITON_INTERPRET=1"))
 
 
 def _ext_fn(name: str) -> Callable:
