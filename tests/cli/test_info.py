@@ -1,7 +1,6 @@
 """`fastenc info` and the import contract (cheap import: no triton, no build, no device query)."""
 import subprocess
 import sys
-import time
 
 
 def run(*args, env=None):
@@ -19,14 +18,15 @@ def test_info_lists_every_op_and_backend():
 
 
 def test_import_is_cheap():
-    code = ("import time, sys; t = time.perf_counter(); import fastenc; dt = time.perf_counter() - t; "
-            "import torch; print(dt, 'triton' in sys.modules, 'transformers' in sys.modules, "
+    # torch's own import (~1.3 s here) is measured apart; fastenc's share on top of it must stay small so
+    # that `python -c "import fastenc"` stays under 2 s on a 2-core machine.
+    code = ("import time, sys; t = time.perf_counter(); import torch; t1 = time.perf_counter(); import fastenc; "
+            "dt = time.perf_counter() - t1; print(dt, 'triton' in sys.modules, 'transformers' in sys.modules, "
             "fastenc.extension.loaded())")
-    t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     dt, has_triton, has_tf, loaded = out.stdout.split()
     assert has_triton == "False", "import fastenc must not import triton"
     assert has_tf == "False", "import fastenc must not import transformers"
     assert loaded == "False", "import fastenc must not build or load the extension"
-    assert float(dt) < 2.0, f"import fastenc took {float(dt):.2f} s"
+    assert float(dt) < 0.6, f"import fastenc took {float(dt):.2f} s on top of torch"
