@@ -23,3 +23,50 @@ def pad_input(x: torch.Tensor, indices: torch.Tensor, batch: int, seq: int) -> t
     out = x.new_zeros((batch * seq, *x.shape[1:]))
     out.index_copy_(0, indices, x)
     return out.view(batch, seq, *x.shape[1:])
+
+
+class PackedBatch:
+    """A batch unpadded once at the embedding: `indices` of the real tokens in the flattened (batch*seq) grid
+    (None when nothing is padded), `cu_seqlens` int32 (batch+1,), `max_seqlen`, and the padded shape."""
+
+    __slots__ = ("indices", "cu_seqlens", "max_seqlen", "batch", "seq", "total")
+
+    def __init__(self, mask: torch.Tensor | None, batch: int, seq: int, device):
+        self.batch, self.seq = batch, seq
+        if mask is None or bool(mask.all()):
+            self.indices = None
+            self.cu_seqlens = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
+            self.max_seqlen = seq
+            self.total = batch * seq
+        else:
+            self.indices, self.cu_seqlens, self.max_seqlen = unpad_input(mask)
+            self.total = int(self.indices.numel())
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, ...) -> (total, ...) real tokens only."""
+        flat = t.reshape(self.batch * self.seq, *t.shape[2:])
+        return flat if self.indices is None else flat.index_select(0, self.indices)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(total, ...) -> (batch, seq, ...), zeros at padded positions."""
+        if self.indices is None:
+            return x.view(self.batch, self.seq, *x.shape[1:])
+        return pad_input(x, self.indices, self.batch, self.seq)
+
+    def seqlens(self) -> torch.Tensor:
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+
+    def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(total, hidden) -> (batch, hidden): the first real token of each sequence (zeros for empty ones)."""
+        start = self.cu_seqlens[:-1].long().clamp(max=max(self.total - 1, 0))
+        out = x.index_select(0, start) if self.total else x.new_zeros(self.batch, *x.shape[1:])
+        empty = self.seqlens() == 0
+        return out.masked_fill(empty.view(-1, *([1] * (out.dim() - 1))), 0) if bool(empty.any()) else out
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(total, hidden) -> (batch, hidden): mean over each sequence's real tokens (fp32 accumulation)."""
+        lens = self.seqlens()
+        seg = torch.repeat_interleave(torch.arange(self.batch, device=x.device), lens, output_size=self.total)
+        acc = torch.zeros(self.batch, *x.shape[1:], device=x.device, dtype=torch.float32)
+        acc.index_add_(0, seg, x.float())
+        return (acc / lens.clamp(min=1).view(-1, *([1] * (x.dim() - 1))).to(acc.dtype)).to(x.dtype)

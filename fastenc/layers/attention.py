@@ -1,0 +1,41 @@
+"""Bidirectional self-attention on packed tokens: one fused QKV GEMM, optional RoPE, varlen attention, out proj.
+
+The packed layout (total_tokens, hidden) with int32 cu_seqlens is FlashAttention's varlen convention; the
+attention kernel is fastenc.ops.attention (backend chosen by the registry).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastenc import ops
+from fastenc.layers.linear import Linear
+
+
+class SelfAttention(nn.Module):
+    """Wqkv: (3*hidden, hidden), rows [q; k; v] each laid out (heads, head_dim); Wo: (hidden, hidden).
+
+    window: None (global) or (left, right) — query i sees keys i-left..i+right of its own sequence.
+    """
+
+    def __init__(self, hidden: int, heads: int, bias: bool = True, out_bias: bool | None = None,
+                 window: tuple[int, int] | None = None, device=None, dtype=None):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"SelfAttention: hidden ({hidden}) must be a multiple of heads ({heads})")
+        self.hidden, self.heads, self.head_dim = hidden, heads, hidden // heads
+        self.window = window
+        self.Wqkv = Linear(hidden, 3 * hidden, bias=bias, device=device, dtype=dtype)
+        self.Wo = Linear(hidden, hidden, bias=bias if out_bias is None else out_bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: (tokens, hidden); cu_seqlens int32 (batch+1,); rope: (cos, sin, positions int32 (tokens,)) or None."""
+        t = x.shape[0]
+        qkv = self.Wqkv(x).view(t, 3, self.heads, self.head_dim)
+        q, k, v = qkv.unbind(1)
+        if rope is not None:
+            cos, sin, pos = rope
+            q, k = ops.rope(q, k, cos, sin, position_ids=pos)
+        o = ops.attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=self.window)
+        return self.Wo(o.reshape(t, self.hidden))

@@ -1,0 +1,69 @@
+"""Feed-forward blocks: fc1 -> GELU -> fc2 (BERT, ViT) with the fc1 bias fused into the activation, and
+ModernBERT's GeGLU: Wi -> (input, gate) -> gelu(input) * gate -> Wo."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastenc import ops
+from fastenc.layers.linear import Linear
+
+# Hugging Face activation names -> (fastenc GELU approximation or None, torch fallback).
+_ACTS = {
+    "gelu": ("none", None),
+    "gelu_python": ("none", None),
+    "gelu_new": ("tanh", None),
+    "gelu_pytorch_tanh": ("tanh", None),
+    "gelu_fast": ("tanh", None),
+    "relu": (None, F.relu),
+    "silu": (None, F.silu),
+    "swish": (None, F.silu),
+    "tanh": (None, torch.tanh),
+}
+
+
+def activation(name: str, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x + bias) for a Hugging Face activation name; the GELUs run fused in fastenc.ops.gelu."""
+    if name not in _ACTS:
+        raise ValueError(f"activation: unsupported activation {name!r}; supported: {sorted(_ACTS)}")
+    approx, fn = _ACTS[name]
+    if approx is not None:
+        return ops.gelu(x, bias=bias, approximate=approx)
+    return fn(x if bias is None else x + bias)
+
+
+def check_activation(name: str) -> str:
+    if name not in _ACTS:
+        raise ValueError(f"unsupported activation {name!r}; supported: {sorted(_ACTS)}")
+    return name
+
+
+class MLP(nn.Module):
+    """fc2(act(fc1(x))). x: (tokens, hidden) -> (tokens, hidden); the fc1 GEMM runs without bias and the
+    bias is added inside the activation kernel (one pass over the (tokens, intermediate) tensor)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "gelu", bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.act = check_activation(act)
+        self.fc1 = Linear(hidden, intermediate, bias=bias, device=device, dtype=dtype)
+        self.fc2 = Linear(intermediate, hidden, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(activation(self.act, self.fc1(x, with_bias=False), self.fc1.bias))
+
+
+class GeGLUMLP(nn.Module):
+    """ModernBERT's GLU: input, gate = Wi(x).chunk(2); Wo(gelu(input) * gate). x: (tokens, hidden)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "gelu", bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        approx = _ACTS.get(check_activation(act))[0]
+        if approx is None:
+            raise ValueError(f"GeGLUMLP: the gated unit needs a GELU activation, got {act!r}")
+        self.approximate = approx
+        self.Wi = Linear(hidden, 2 * intermediate, bias=bias, device=device, dtype=dtype)
+        self.Wo = Linear(intermediate, hidden, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.Wo(ops.geglu(self.Wi(x), approximate=self.approximate))

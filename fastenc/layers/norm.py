@@ -1,0 +1,28 @@
+"""LayerNorm module over fastenc.ops.layer_norm, with the residual add fused into the same pass."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastenc import ops
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim; `bias=False` gives ModernBERT's bias-free LayerNorm (not RMSNorm).
+
+    forward(x) -> y;  forward(x, residual) -> (y, x + residual): y = LN(x + residual), and the sum is the
+    new residual stream of a pre-norm block (post-norm blocks just ignore it).
+    x, residual: (..., hidden) fp32/fp16/bf16.
+    """
+
+    def __init__(self, hidden: int, eps: float = 1e-5, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.hidden, self.eps = hidden, float(eps)
+        self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return ops.layer_norm(x, self.weight, self.bias, self.eps, residual=residual)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden}, eps={self.eps}, bias={self.bias is not None}"

@@ -1,0 +1,173 @@
+"""Shared input checks for the text encoders and `encode()`: tokenize (tokenizers library, the model folder's
+tokenizer.json), batch by length, run packed, pool (CLS or mean) and optionally L2-normalize."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastenc.models.padding import PackedBatch
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_text_inputs(name: str, input_ids, attention_mask, token_type_ids, vocab_size: int,
+                      max_positions: int | None, type_vocab_size: int | None = None):
+    """Validate (batch, seq) token ids, mask and token types; returns them as 2-D tensors (mask bool or None)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in _INT_DTYPES:
+        got = getattr(input_ids, "dtype", type(input_ids).__name__)
+        raise TypeError(f"{name}: input_ids must be an integer tensor, got {got}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+        attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
+        token_type_ids = None if token_type_ids is None else token_type_ids.reshape(1, -1)
+    if input_ids.dim() != 2:
+        raise ValueError(f"{name}: input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        raise ValueError(f"{name}: input_ids must be in [0, {vocab_size}) (the vocabulary), got "
+                         f"[{int(input_ids.min())}, {int(input_ids.max())}]")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"{name}: attention_mask must be a tensor, got {type(attention_mask).__name__}")
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"{name}: attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got "
+                             f"{tuple(attention_mask.shape)}")
+        attention_mask = attention_mask.to(device=input_ids.device).bool()
+    if token_type_ids is not None:
+        if not isinstance(token_type_ids, torch.Tensor) or token_type_ids.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name}: token_type_ids must be an integer tensor, got "
+                            f"{getattr(token_type_ids, 'dtype', type(token_type_ids).__name__)}")
+        if tuple(token_type_ids.shape) != tuple(input_ids.shape):
+            raise ValueError(f"{name}: token_type_ids must have input_ids' shape {tuple(input_ids.shape)}, got "
+                             f"{tuple(token_type_ids.shape)}")
+        if type_vocab_size is not None and token_type_ids.numel() and (
+                int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= type_vocab_size):
+            raise ValueError(f"{name}: token_type_ids must be in [0, {type_vocab_size}), got "
+                             f"[{int(token_type_ids.min())}, {int(token_type_ids.max())}]")
+    if max_positions is not None:
+        seq = input_ids.shape[1]
+        last = seq
+        if attention_mask is not None and seq:
+            cols = attention_mask.any(0).nonzero()
+            last = int(cols.max()) + 1 if cols.numel() else 0
+        if last > max_positions:
+            raise ValueError(f"{name}: sequence length {last} exceeds the position table "
+                             f"(max_position_embeddings={max_positions})")
+    return input_ids, attention_mask, token_type_ids
+
+
+def pack_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Unpad once: returns (PackedBatch, packed ids (total,), packed positions (total,) = column in the padded row)."""
+    b, s = input_ids.shape
+    batch = PackedBatch(attention_mask, b, s, input_ids.device)
+    pos = torch.arange(s, device=input_ids.device).expand(b, s)
+    return batch, batch.gather(input_ids), batch.gather(pos)
+
+
+class TextEncoderMixin:
+    """`encode()` for the text encoders. The model class provides `_encode(ids, mask, types) -> (x, PackedBatch)`."""
+
+    tokenizer = None
+    encode_defaults: dict = {}
+
+    def load_tokenizer(self, folder: str | Path) -> None:
+        """Read tokenizer.json and sentence-transformers settings (pooling, normalize, max length) from `folder`."""
+        folder = Path(folder)
+        defaults: dict = {}
+        if (folder / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tok.no_padding()
+            tok.no_truncation()
+            object.__setattr__(self, "tokenizer", tok)
+        pool_cfg = folder / "1_Pooling" / "config.json"
+        if pool_cfg.is_file():
+            p = json.loads(pool_cfg.read_text())
+            defaults["pooling"] = "cls" if p.get("pooling_mode_cls_token") else "mean"
+        mods = folder / "modules.json"
+        if mods.is_file():
+            defaults["normalize"] = any("Normalize" in m.get("type", "") for m in json.loads(mods.read_text()))
+        st_cfg = folder / "sentence_bert_config.json"
+        if st_cfg.is_file():
+            defaults["max_length"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+        object.__setattr__(self, "encode_defaults", defaults)
+
+    def _tokenize(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise ValueError("encode: texts need a tokenizer; load the model with fastenc.from_pretrained(folder) "
+                             "(a folder with tokenizer.json) or call model.load_tokenizer(folder), or pass token ids")
+        return [e.ids[:max_length] for e in self.tokenizer.encode_batch(list(texts))]
+
+    @torch.inference_mode()
+    def encode(self, inputs, attention_mask: torch.Tensor | None = None, *, batch_size: int = 32,
+               pooling: str | None = None, normalize: bool | None = None, max_length: int | None = None,
+               show_progress: bool = False) -> torch.Tensor:
+        """Sentence embeddings (n, hidden) in fp32 on the model's device.
+
+        inputs: a string, a list of strings (tokenized with the folder's tokenizer.json), a list of token-id
+        lists, or an int tensor (batch, seq) with an optional attention_mask.
+        pooling: 'mean' | 'cls' (default: the folder's sentence-transformers setting, else 'mean');
+        normalize: L2-normalize (default: True if the folder lists a Normalize module).
+        """
+        pooling = pooling or self.encode_defaults.get("pooling", "mean")
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"encode: pooling must be 'mean' or 'cls', got {pooling!r}")
+        normalize = self.encode_defaults.get("normalize", False) if normalize is None else bool(normalize)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"encode: batch_size must be a positive int, got {batch_size!r}")
+        limit = max_length or self.encode_defaults.get("max_length") or self.config.max_position_embeddings
+        device = next(self.parameters()).device
+        if isinstance(inputs, torch.Tensor):
+            seqs = None
+            batches = [(inputs, attention_mask)]
+            order = None
+        else:
+            if isinstance(inputs, str):
+                inputs = [inputs]
+            inputs = list(inputs)
+            if inputs and all(isinstance(t, str) for t in inputs):
+                seqs = self._tokenize(inputs, limit)
+            elif all(isinstance(t, (list, tuple)) for t in inputs):
+                seqs = [list(t) for t in inputs]
+            else:
+                raise TypeError("encode: inputs must be a str, a list of str, a list of token-id lists or a tensor")
+            order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+            batches = []
+            for a in range(0, len(order), batch_size):
+                chunk = [seqs[i] for i in order[a:a + batch_size]]
+                width = max(1, max(len(c) for c in chunk))
+                ids = torch.zeros(len(chunk), width, dtype=torch.long)
+                mask = torch.zeros(len(chunk), width, dtype=torch.bool)
+                for r, c in enumerate(chunk):
+                    ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+                    mask[r, :len(c)] = True
+                batches.append((ids, mask))
+        it = batches
+        if show_progress and len(batches) > 1:
+            from tqdm.auto import tqdm
+            it = tqdm(batches, desc="encode", unit="batch")
+        outs = []
+        for ids, mask in it:
+            ids = ids.to(device)
+            mask = None if mask is None else mask.to(device)
+            x, batch = self._encode(ids, mask, None)
+            emb = batch.mean(x) if pooling == "mean" else batch.first_tokens(x)
+            emb = emb.float()
+            if normalize:
+                emb = F.normalize(emb, p=2, dim=-1)
+            outs.append(emb)
+        out = torch.cat(outs) if outs else torch.empty(0, self.config.hidden_size, device=device)
+        if order is not None:
+            res = torch.empty_like(out)
+            res[torch.tensor(order, device=out.device)] = out
+            out = res
+        return out
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,120 @@
+"""BERT encoder (Devlin et al. 2018) on packed tokens: word + position + token-type embeddings, post-LayerNorm
+blocks with one fused QKV GEMM, GELU MLP with fused bias, varlen attention; tanh pooler; classification heads.
+
+Usage: model = BertModel(BertConfig(...)) or fastenc.from_hf(hf_bert) / fastenc.from_pretrained(folder);
+  model(input_ids, attention_mask=None, token_type_ids=None) -> last hidden state (batch, seq, hidden), zeros at
+  padded positions; return_packed=True -> (hidden (total_tokens, hidden), PackedBatch with cu_seqlens).
+  model.pool(last_hidden) -> pooler output (batch, hidden); model.encode(texts) -> sentence embeddings.
+Parameter names (fastenc side of the weight map in convert.py): embeddings.{word,position,token_type}.weight,
+embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
+layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
+from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
+from fastenc.models.config import BertConfig
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+        """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
+        x = F.embedding(ids, self.word.weight)
+        if types is None:
+            x = x + self.token_type.weight[0]
+        else:
+            x = x + F.embedding(types, self.token_type.weight)
+        return self.norm(F.embedding(positions, self.position.weight), residual=x)[0]
+
+
+class BertLayer(nn.Module):
+    """Post-norm block: x = LN(x + attn(x)); x = LN(x + mlp(x)), each LN fused with its residual add."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=True)
+        self.attn_norm = LayerNorm(h, cfg.layer_norm_eps)
+        self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
+        self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        x = self.attn_norm(self.attn(x, cu_seqlens, max_seqlen), residual=x)[0]
+        return self.mlp_norm(self.mlp(x), residual=x)[0]
+
+
+class BertModel(TextEncoderMixin, nn.Module):
+    task = "base"
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = Linear(config.hidden_size, config.hidden_size) if config.add_pooling_layer else None
+        self.requires_grad_(False)
+
+    def _encode(self, input_ids, attention_mask=None, token_type_ids=None):
+        """Embeddings + all layers on packed tokens. Returns (x (total, hidden), PackedBatch)."""
+        cfg = self.config
+        input_ids, mask, types = check_text_inputs(type(self).__name__, input_ids, attention_mask, token_type_ids,
+                                                   cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size)
+        batch, ids, pos = pack_text(input_ids, mask)
+        types = None if types is None else batch.gather(types.to(input_ids.device))
+        x = self.embeddings(ids, pos, types)
+        for layer in self.layers:
+            x = layer(x, batch.cu_seqlens, batch.max_seqlen)
+        return x, batch
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """tanh(dense(hidden[:, 0])): hidden (batch, seq, hidden) -> (batch, hidden)."""
+        if self.pooler is None:
+            raise ValueError(f"{type(self).__name__}: this model has no pooler (add_pooling_layer=False)")
+        return torch.tanh(self.pooler(hidden[:, 0]))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
+        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        return (x, batch) if return_packed else batch.pad(x)
+
+
+class BertForSequenceClassification(BertModel):
+    """logits = classifier(pooler(hidden[:, 0])): (batch, num_labels)."""
+    task = "sequence_classification"
+
+    def __init__(self, config: BertConfig):
+        config = dataclasses.replace(config, add_pooling_layer=True)
+        super().__init__(config)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.requires_grad_(False)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        return self.classifier(torch.tanh(self.pooler(batch.first_tokens(x))))
+
+
+class BertForTokenClassification(BertModel):
+    """logits = classifier(hidden): (batch, seq, num_labels), zeros at padded positions."""
+    task = "token_classification"
+
+    def __init__(self, config: BertConfig):
+        config = dataclasses.replace(config, add_pooling_layer=False)
+        super().__init__(config)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.requires_grad_(False)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        return batch.pad(self.classifier(x))

@@ -1,0 +1,174 @@
+"""fastenc.from_hf (a transformers model object) and fastenc.from_pretrained (a local Hugging Face folder, read
+without importing transformers): pick the architecture, build the config, apply the explicit weight map."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from fastenc.models import convert
+from fastenc.models.config import BertConfig, ModernBertConfig, ViTConfig
+
+# Hugging Face class name -> (architecture, task). The first group is what from_hf accepts.
+SUPPORTED = {
+    "BertModel": ("bert", "base"),
+    "BertForSequenceClassification": ("bert", "sequence_classification"),
+    "BertForTokenClassification": ("bert", "token_classification"),
+    "ModernBertModel": ("modernbert", "base"),
+    "ModernBertForSequenceClassification": ("modernbert", "sequence_classification"),
+    "ModernBertForTokenClassification": ("modernbert", "token_classification"),
+    "ViTModel": ("vit", "base"),
+    "ViTForImageClassification": ("vit", "image_classification"),
+}
+# Checkpoints whose encoder can be loaded as the base model (their own head is dropped).
+ENCODER_OF = {
+    "BertForMaskedLM": "bert", "BertForPreTraining": "bert", "BertForNextSentencePrediction": "bert",
+    "ModernBertForMaskedLM": "modernbert", "ViTForMaskedImageModeling": "vit",
+}
+CONFIGS = {"bert": BertConfig, "modernbert": ModernBertConfig, "vit": ViTConfig}
+
+
+def model_class(arch: str, task: str):
+    from fastenc.models import bert, modernbert, vit
+
+    table = {
+        ("bert", "base"): bert.BertModel,
+        ("bert", "sequence_classification"): bert.BertForSequenceClassification,
+        ("bert", "token_classification"): bert.BertForTokenClassification,
+        ("modernbert", "base"): modernbert.ModernBertModel,
+        ("modernbert", "sequence_classification"): modernbert.ModernBertForSequenceClassification,
+        ("modernbert", "token_classification"): modernbert.ModernBertForTokenClassification,
+        ("vit", "base"): vit.ViTModel,
+        ("vit", "image_classification"): vit.ViTForImageClassification,
+    }
+    return table[(arch, task)]
+
+
+def _unsupported(what: str) -> ValueError:
+    return ValueError(f"unsupported architecture {what!r}; supported: {', '.join(SUPPORTED)}")
+
+
+def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefix: str = "", copy: bool = True,
+          device=None, dtype=None):
+    """fastenc model of (arch, task) holding `hf_state`'s weights (mapped); complete or an error, never partial."""
+    entries = convert.MAPS[arch](cfg, task, prefix)
+    try:
+        state = convert.hf_to_fastenc(entries, hf_state, cfg)
+    except KeyError as e:
+        raise ValueError(f"{arch} ({task}): {e.args[0]}") from None
+    if copy:
+        shared = {id(t) for t in hf_state.values()}
+        state = {k: v.detach().clone() if id(v) in shared else v for k, v in state.items()}
+    with torch.device("meta"):
+        model = model_class(arch, task)(cfg)
+    expected = dict(model.state_dict())
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k].shape):
+            raise ValueError(f"{arch}: weight {k} must have shape {tuple(expected[k].shape)}, got {tuple(v.shape)}")
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    model.eval()
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model
+
+
+def _pooling(arch: str, task: str, has_pooler: bool) -> dict:
+    """add_pooling_layer for BERT/ViT: the base model has a pooler if its weights exist; heads decide for themselves."""
+    if arch == "modernbert":
+        return {}
+    if task == "base":
+        return {"add_pooling_layer": has_pooler}
+    return {"add_pooling_layer": task == "sequence_classification"}
+
+
+def from_hf(hf_model, copy: bool = True):
+    """fastenc model equivalent to a transformers model object (same device and dtype).
+
+    Accepts BertModel, BertForSequenceClassification, BertForTokenClassification, ModernBertModel,
+    ModernBertForSequenceClassification, ModernBertForTokenClassification, ViTModel, ViTForImageClassification.
+    copy=False shares every tensor that needs no conversion with `hf_model` (only fused QKV is new).
+    """
+    name = next((c.__name__ for c in type(hf_model).__mro__ if c.__name__ in SUPPORTED), None)
+    if name is None:
+        raise _unsupported(type(hf_model).__name__)
+    arch, task = SUPPORTED[name]
+    d = hf_model.config.to_dict()
+    extra = _pooling(arch, task, getattr(hf_model, "pooler", None) is not None)
+    cfg = CONFIGS[arch].from_dict(d, **extra)
+    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
+    model = build(arch, task, cfg, hf_model.state_dict(), prefix, copy=copy)
+    folder = getattr(hf_model, "name_or_path", None) or getattr(hf_model.config, "_name_or_path", None)
+    if folder and arch != "vit" and Path(folder).is_dir():
+        model.load_tokenizer(folder)
+    return model
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    st, idx, pt = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
+    try:
+        if st.is_file():
+            from safetensors.torch import load_file
+            return load_file(str(st))
+        if idx.is_file():
+            from safetensors.torch import load_file
+            files = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for f in files:
+                state.update(load_file(str(folder / f)))
+            return state
+        if pt.is_file():
+            state = torch.load(str(pt), map_location="cpu", weights_only=True)
+            if not isinstance(state, dict):
+                raise ValueError(f"expected a state dict, got {type(state).__name__}")
+            return state
+    except Exception as e:  # corrupt or truncated file: one clear error, nothing loaded
+        bad = st if st.is_file() else idx if idx.is_file() else pt
+        raise ValueError(f"from_pretrained: cannot read weights from {bad}: {type(e).__name__}: {e}") from None
+    raise FileNotFoundError(f"from_pretrained: no weights in {folder} (expected model.safetensors, "
+                            f"model.safetensors.index.json or pytorch_model.bin)")
+
+
+def from_pretrained(path, device=None, dtype=None):
+    """fastenc model from a local Hugging Face folder (config.json + model.safetensors or pytorch_model.bin).
+
+    Does not import transformers. Loads tokenizer.json and sentence-transformers settings when present.
+    Defaults: fp32 on CPU, fp16 on CUDA.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"from_pretrained: {folder} is not a directory")
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"from_pretrained: {cfg_file} not found")
+    try:
+        d = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"from_pretrained: {cfg_file} is not valid JSON: {e}") from None
+    archs = d.get("architectures") or []
+    name = archs[0] if archs else None
+    if name in SUPPORTED:
+        arch, task = SUPPORTED[name]
+    elif name in ENCODER_OF:
+        arch, task = ENCODER_OF[name], "base"
+    elif name is None and d.get("model_type") in CONFIGS:
+        arch, task = d["model_type"], "base"
+    else:
+        raise _unsupported(name or d.get("model_type"))
+    state = convert.normalize_hf_names(arch, _read_weights(folder))
+    prefix = ""
+    if task != "base":
+        prefix = convert.HEAD_PREFIX[arch]
+    elif not any(k.startswith(("embeddings.",)) for k in state):
+        prefix = convert.HEAD_PREFIX[arch]
+    extra = _pooling(arch, task, f"{prefix}pooler.dense.weight" in state)
+    cfg = CONFIGS[arch].from_dict(d, **extra)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dtype is None:
+        dtype = torch.float32 if dev.type == "cpu" else torch.float16
+    model = build(arch, task, cfg, state, prefix, copy=False, device=dev, dtype=dtype)
+    if arch != "vit":
+        model.load_tokenizer(folder)
+    return model

@@ -1,0 +1,142 @@
+"""ModernBERT encoder (Warner et al. 2024) on packed tokens: bias-free LayerNorm (not RMSNorm), RoPE with theta
+per layer type (global 160000, local 10000), global attention every third layer and a sliding window of
+local_attention tokens (|i - j| <= local_attention // 2) on the others, GeGLU MLP with exact GELU, no attention
+norm on layer 0, final norm. Pre-norm residual adds are fused into the following LayerNorm.
+
+Usage: model(input_ids, attention_mask=None) -> last hidden state (batch, seq, hidden), zeros at padded positions;
+return_packed=True -> (hidden (total_tokens, hidden), PackedBatch). Heads: ModernBertForSequenceClassification
+(cls/mean pooling -> head -> classifier), ModernBertForTokenClassification. Parameter names follow Hugging Face's
+(embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
+final_norm, head.{dense,norm}, classifier).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastenc import ops
+from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
+from fastenc.models.config import ModernBertConfig
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.embedding(ids, self.tok.weight))
+
+
+class ModernBertLayer(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, index: int):
+        super().__init__()
+        h = cfg.hidden_size
+        self.kind = cfg.layer_types[index]
+        half = cfg.local_attention // 2
+        window = (half, half) if self.kind == "sliding_attention" else None
+        self.attn_norm = None if index == 0 else LayerNorm(h, cfg.norm_eps, bias=cfg.norm_bias)
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=cfg.attention_bias, window=window)
+        self.mlp_norm = LayerNorm(h, cfg.norm_eps, bias=cfg.norm_bias)
+        self.mlp = GeGLUMLP(h, cfg.intermediate_size, cfg.hidden_activation, bias=cfg.mlp_bias)
+
+
+class ModernBertHead(nn.Module):
+    """norm(act(dense(x))): ModernBERT's prediction head before the classifier."""
+
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.act = cfg.classifier_activation
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.classifier_bias)
+        self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.bias))
+
+
+class ModernBertModel(TextEncoderMixin, nn.Module):
+    task = "base"
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = ModernBertEmbeddings(config)
+        self.layers = nn.ModuleList(ModernBertLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = LayerNorm(config.hidden_size, config.norm_eps, bias=config.norm_bias)
+        self._rope: dict = {}
+        self.requires_grad_(False)
+
+    def _rope_table(self, kind: str, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos/sin (positions, head_dim/2) for this layer type, grown on demand (kept out of state_dict)."""
+        theta = self.config.rope_theta_global if kind == "full_attention" else self.config.rope_theta_local
+        key = (kind, str(device))
+        have = self._rope.get(key)
+        if have is None or have[0].shape[0] < length:
+            n = max(length, 512)
+            self._rope[key] = ops.rope_cache(self.config.head_dim, n, theta, device=device)
+        return self._rope[key]
+
+    def _encode(self, input_ids, attention_mask=None, token_type_ids=None):
+        """Embeddings + all layers on packed tokens. Returns (x (total, hidden), PackedBatch)."""
+        cfg = self.config
+        input_ids, mask, _ = check_text_inputs(type(self).__name__, input_ids, attention_mask, None,
+                                               cfg.vocab_size, cfg.max_position_embeddings)
+        batch, ids, pos = pack_text(input_ids, mask)
+        pos = pos.to(torch.int32)
+        length = int(input_ids.shape[1])
+        tables = {k: self._rope_table(k, length, ids.device) for k in set(cfg.layer_types)}
+        h = self.embeddings(ids)  # the residual stream
+        delta = None  # the last block output not yet added to h
+        for layer in self.layers:
+            if delta is None:
+                y = h if layer.attn_norm is None else layer.attn_norm(h)
+            else:
+                y, h = layer.attn_norm(delta, residual=h)
+            cos, sin = tables[layer.kind]
+            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
+            y, h = layer.mlp_norm(a, residual=h)
+            delta = layer.mlp(y)
+        x = self.final_norm(h) if delta is None else self.final_norm(delta, residual=h)[0]
+        return x, batch
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
+        x, batch = self._encode(input_ids, attention_mask)
+        return (x, batch) if return_packed else batch.pad(x)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._rope = {}
+        return super()._apply(fn, *args, **kwargs)
+
+
+class ModernBertForSequenceClassification(ModernBertModel):
+    """logits = classifier(head(pool(hidden))), pool = first token ('cls') or masked mean ('mean')."""
+    task = "sequence_classification"
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.head = ModernBertHead(config)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.requires_grad_(False)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        x, batch = self._encode(input_ids, attention_mask)
+        pooled = batch.mean(x) if self.config.classifier_pooling == "mean" else batch.first_tokens(x)
+        return self.classifier(self.head(pooled))
+
+
+class ModernBertForTokenClassification(ModernBertModel):
+    """logits = classifier(head(hidden)): (batch, seq, num_labels), zeros at padded positions."""
+    task = "token_classification"
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.head = ModernBertHead(config)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.requires_grad_(False)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        x, batch = self._encode(input_ids, attention_mask)
+        return batch.pad(self.classifier(self.head(x)))

@@ -1,0 +1,114 @@
+"""Vision Transformer (Dosovitskiy et al. 2020): patch embedding as one GEMM over unfolded patches, CLS token,
+learned position embeddings, pre-LayerNorm blocks (residual adds fused into the next LayerNorm), fused QKV,
+GELU MLP with fused bias, final norm, optional tanh pooler; image-classification head on the CLS token.
+
+Usage: model(pixel_values (batch, channels, H, W)) -> last hidden state (batch, 1 + patches, hidden);
+model.pool(hidden) -> pooler output. Parameter names: embeddings.{cls_token,position,patch.weight,patch.bias},
+layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.fc1,mlp.fc2}, norm, pooler, classifier.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.models.config import ViTConfig
+from fastenc.models.padding import PackedBatch
+
+
+class ViTEmbeddings(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.cfg = cfg
+        p, c, h = cfg.patch_size, cfg.num_channels, cfg.hidden_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, h), requires_grad=False)
+        self.position = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, h), requires_grad=False)
+        self.patch = Linear(c * p * p, h)  # weight kept as (hidden, channels*p*p): conv weight flattened
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(batch, C, H, W) -> (batch * (1 + patches), hidden), packed sequence by sequence."""
+        b, c, hh, ww = pixel_values.shape
+        p, g = self.cfg.patch_size, hh // self.cfg.patch_size
+        # (b, c, g, p, g, p) -> (b, g, g, c, p, p): each patch flattened in the conv weight's (c, kh, kw) order
+        patches = pixel_values.reshape(b, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, c * p * p)
+        x = self.patch(patches).view(b, g * g, -1)
+        x = torch.cat([self.cls_token.expand(b, 1, -1), x], dim=1) + self.position
+        return x.reshape(b * (g * g + 1), -1)
+
+
+class ViTLayer(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.attn_norm = LayerNorm(h, cfg.layer_norm_eps)
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=cfg.qkv_bias, out_bias=True)
+        self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
+        self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
+
+
+class ViTModel(nn.Module):
+    task = "base"
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = ViTEmbeddings(config)
+        self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.pooler = (Linear(config.hidden_size, config.pooler_output_size) if config.add_pooling_layer else None)
+        self.requires_grad_(False)
+
+    def _check(self, pixel_values) -> torch.Tensor:
+        cfg, name = self.config, type(self).__name__
+        if not isinstance(pixel_values, torch.Tensor) or not pixel_values.is_floating_point():
+            raise TypeError(f"{name}: pixel_values must be a float tensor, got "
+                            f"{getattr(pixel_values, 'dtype', type(pixel_values).__name__)}")
+        want = (cfg.num_channels, cfg.image_size, cfg.image_size)
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != want:
+            raise ValueError(f"{name}: pixel_values must be (batch, {want[0]}, {want[1]}, {want[2]}), got shape "
+                             f"{tuple(pixel_values.shape)}")
+        w = self.embeddings.patch.weight
+        return pixel_values.to(device=w.device, dtype=w.dtype)
+
+    def _encode(self, pixel_values):
+        pixel_values = self._check(pixel_values)
+        b, s = pixel_values.shape[0], self.config.num_patches + 1
+        batch = PackedBatch(None, b, s, pixel_values.device)
+        h = self.embeddings(pixel_values)
+        delta = None
+        for layer in self.layers:
+            y, h = (layer.attn_norm(h), h) if delta is None else layer.attn_norm(delta, residual=h)
+            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen)
+            y, h = layer.mlp_norm(a, residual=h)
+            delta = layer.mlp(y)
+        x = self.norm(h) if delta is None else self.norm(delta, residual=h)[0]
+        return x, batch
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """act(dense(hidden[:, 0])): (batch, seq, hidden) -> (batch, pooler_output_size)."""
+        if self.pooler is None:
+            raise ValueError(f"{type(self).__name__}: this model has no pooler (add_pooling_layer=False)")
+        return activation(self.config.pooler_act, self.pooler(hidden[:, 0], with_bias=False), self.pooler.bias)
+
+    def forward(self, pixel_values, *, return_packed: bool = False):
+        x, batch = self._encode(pixel_values)
+        return (x, batch) if return_packed else batch.pad(x)
+
+
+class ViTForImageClassification(ViTModel):
+    """logits = classifier(hidden[:, 0]) after the final norm: (batch, num_labels)."""
+    task = "image_classification"
+
+    def __init__(self, config: ViTConfig):
+        config = dataclasses.replace(config, add_pooling_layer=False)
+        super().__init__(config)
+        self.classifier = Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else None
+        self.requires_grad_(False)
+
+    def forward(self, pixel_values):
+        x, batch = self._encode(pixel_values)
+        cls = batch.first_tokens(x)
+        return cls if self.classifier is None else self.classifier(cls)
