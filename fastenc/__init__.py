@@ -4,4 +4,24 @@ from fastenc.registry import use_backend
 
 __version__ = "0.1.0"
 
-__all__ = ["ops", "use_backend", "__version__"]
+
+
+def from_hf(hf_model, copy: bool = True):
+    """fastenc model equivalent to a transformers BERT/ModernBERT/ViT model (see fastenc.models)."""
+    from fastenc.models.loading import from_hf as _from_hf
+    return _from_hf(hf_model, copy=copy)
+
+
+def from_pretrained(path, device=None, dtype=None):
+    """fastenc model from a local Hugging Face folder, without importing transformers (see fastenc.models)."""
+    from fastenc.models.loading import from_pretrained as _from_pretrained
+    return _from_pretrained(path, device=device, dtype=dtype)
+
+
+def accelerate(hf_model, copy: bool = False):
+    """A module with hf_model's forward signature and output type, running on fastenc (see fastenc.models.hf)."""
+    from fastenc.models.hf import accelerate as _accelerate
+    return _accelerate(hf_model, copy=copy)
+
+
+__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "__version__"]

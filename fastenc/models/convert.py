@@ -103,9 +103,11 @@ MAPS = {"bert": bert_map, "modernbert": modernbert_map, "vit": vit_map}
 # Prefix of the encoder inside each Hugging Face head class.
 HEAD_PREFIX = {"bert": "bert.", "modernbert": "model.", "vit": "vit."}
 
-_LEGACY = [  # (pattern, replacement) applied in order: older checkpoint names -> transformers 5.x names
+_LEGACY_ANY = [  # (pattern, replacement): older checkpoint names -> transformers 5.x names, every architecture
     (re.compile(r"\.gamma$"), ".weight"),
     (re.compile(r"\.beta$"), ".bias"),
+]
+_LEGACY_VIT = [  # ViT before transformers 5 (encoder.layer.N.attention.attention.query ...)
     (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\."),
      lambda mt: f"{mt[1] or ''}layers.{mt[2]}.attention.{mt[3][0]}_proj."),
     (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.attention\.output\.dense\."),
@@ -120,10 +122,9 @@ _LEGACY = [  # (pattern, replacement) applied in order: older checkpoint names -
 def normalize_hf_names(arch: str, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename legacy checkpoint keys to transformers-5 names (LayerNorm gamma/beta; old ViT layout)."""
     out = {}
+    rules = _LEGACY_ANY + (_LEGACY_VIT if arch == "vit" else [])
     for k, v in state.items():
-        for pat, rep in _LEGACY:
-            if arch != "vit" and "encoder.layer" in pat.pattern:
-                continue
+        for pat, rep in rules:
             k = pat.sub(rep, k)
         out[k] = v
     return out

@@ -48,7 +48,7 @@ def _fast_forward(self, *args, **kwargs):
     arch, task = type(self)._fastenc_kind
     return_dict = a.get("return_dict")
     if return_dict is None:
-        return_dict = getattr(self.config, "use_return_dict", True)
+        return_dict = getattr(self.config, "return_dict", True)
     out_cls = _output_type(arch, task)
     if arch == "vit":
         pv = a.get("pixel_values")

@@ -1,0 +1,61 @@
+"""Small random-weight transformers models shared by the model tests (eager attention as the reference)."""
+from __future__ import annotations
+
+import torch
+
+transformers = __import__("transformers")
+
+BERT_CLASSES = {"base": "BertModel", "sequence_classification": "BertForSequenceClassification",
+                "token_classification": "BertForTokenClassification"}
+MODERNBERT_CLASSES = {"base": "ModernBertModel", "sequence_classification": "ModernBertForSequenceClassification",
+                      "token_classification": "ModernBertForTokenClassification"}
+VIT_CLASSES = {"base": "ViTModel", "image_classification": "ViTForImageClassification"}
+
+
+def _init(model, seed):
+    # Random non-trivial weights everywhere (LayerNorm weights/biases too), deterministic per seed.
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def bert(task="base", hidden=64, heads=4, layers=2, seed=0, **kw):
+    cfg = transformers.BertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
+                                  num_attention_heads=heads, intermediate_size=2 * hidden + 8,
+                                  max_position_embeddings=160, type_vocab_size=2, num_labels=5,
+                                  attn_implementation="eager", **kw)
+    return _init(getattr(transformers, BERT_CLASSES[task])(cfg), seed)
+
+
+def modernbert(task="base", hidden=64, heads=4, layers=4, seed=0, pooling="cls", **kw):
+    cfg = transformers.ModernBertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
+                                        num_attention_heads=heads, intermediate_size=hidden + 24,
+                                        max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+                                        eos_token_id=2, cls_token_id=1, sep_token_id=2, num_labels=3,
+                                        classifier_pooling=pooling, attn_implementation="eager", **kw)
+    return _init(getattr(transformers, MODERNBERT_CLASSES[task])(cfg), seed)
+
+
+def vit(task="base", hidden=64, heads=4, layers=2, image=224, patch=16, seed=0, **kw):
+    cfg = transformers.ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                 intermediate_size=2 * hidden, image_size=image, patch_size=patch, num_labels=4,
+                                 attn_implementation="eager", **kw)
+    return _init(getattr(transformers, VIT_CLASSES[task])(cfg), seed)
+
+
+def text_batch(lengths, seq=None, vocab=211, seed=0):
+    """Right-padded random ids and mask for the given lengths."""
+    g = torch.Generator().manual_seed(seed)
+    seq = seq or max(lengths)
+    ids = torch.randint(3, vocab, (len(lengths), seq), generator=g)
+    mask = torch.zeros(len(lengths), seq, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    ids = ids * mask  # pad id 0 at padded positions
+    types = torch.randint(0, 2, (len(lengths), seq), generator=g) * mask
+    return ids, mask, types

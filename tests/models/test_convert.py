@@ -1,0 +1,146 @@
+"""Weight maps both ways, from_pretrained on a local folder (safetensors, .bin, legacy names), bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fastenc
+import _models_hf as _hf
+from fastenc.models import convert
+from fastenc.models.loading import SUPPORTED
+
+CASES = [("bert", "base"), ("bert", "sequence_classification"), ("bert", "token_classification"),
+         ("modernbert", "base"), ("modernbert", "sequence_classification"), ("modernbert", "token_classification"),
+         ("vit", "base"), ("vit", "image_classification")]
+
+
+def _make(arch, task):
+    small = {"bert": dict(layers=2), "modernbert": dict(layers=2), "vit": dict(layers=1, image=32, patch=8)}[arch]
+    return getattr(_hf, arch)(task, **small)
+
+
+@pytest.mark.parametrize("arch,task", CASES, ids=[f"{a}-{t}" for a, t in CASES])
+def test_weight_map_round_trip(arch, task):
+    hf = _make(arch, task)
+    fe = fastenc.from_hf(hf)
+    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
+    entries = convert.MAPS[arch](fe.config, task, prefix)
+    # every fastenc tensor is covered exactly once, and mapping back restores every HF tensor
+    assert sorted(e[0] for e in entries) == sorted(fe.state_dict())
+    back = convert.fastenc_to_hf(entries, fe.state_dict(), fe.config)
+    hf_state = hf.state_dict()
+    assert set(back) == set(hf_state)
+    for k, v in back.items():
+        assert torch.equal(v, hf_state[k]), k
+    again = convert.hf_to_fastenc(entries, back, fe.config)
+    for k, v in fe.state_dict().items():
+        assert torch.equal(again[k], v), k
+
+
+def test_fused_qkv_layout():
+    hf = _hf.bert()
+    fe = fastenc.from_hf(hf)
+    sa = hf.encoder.layer[1].attention.self
+    w = fe.layers[1].attn.Wqkv.weight
+    assert torch.equal(w, torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]))
+    assert fastenc.from_hf(hf, copy=False).layers[0].mlp.fc1.weight.data_ptr() == \
+        hf.encoder.layer[0].intermediate.dense.weight.data_ptr()
+    assert fe.layers[0].mlp.fc1.weight.data_ptr() != hf.encoder.layer[0].intermediate.dense.weight.data_ptr()
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+@pytest.mark.parametrize("arch,task", [("bert", "sequence_classification"), ("modernbert", "base"),
+                                       ("vit", "image_classification")], ids=["bert-seqcls", "modernbert", "vit-cls"])
+def test_from_pretrained_folder(tmp_path, arch, task, fmt):
+    hf = _make(arch, task)
+    hf.save_pretrained(tmp_path)
+    if fmt == "bin":  # the older pickle format, as many checkpoints still ship
+        from safetensors.torch import load_file
+        torch.save(load_file(str(tmp_path / "model.safetensors")), tmp_path / "pytorch_model.bin")
+        (tmp_path / "model.safetensors").unlink()
+    fe = fastenc.from_pretrained(tmp_path)
+    assert type(fe).__name__ == type(hf).__name__ and fe.task == task
+    ref_fe = fastenc.from_hf(hf)
+    for k, v in ref_fe.state_dict().items():
+        assert torch.equal(fe.state_dict()[k], v), k
+
+
+def test_legacy_vit_checkpoint_names(tmp_path):
+    hf = _make("vit", "base")
+    state = {}
+    for k, v in hf.state_dict().items():  # write the pre-5.x layout
+        k = (k.replace("layers.", "encoder.layer.").replace("attention.q_proj", "attention.attention.query")
+             .replace("attention.k_proj", "attention.attention.key").replace("attention.v_proj", "attention.attention.value")
+             .replace("attention.o_proj", "attention.output.dense").replace("mlp.fc1", "intermediate.dense")
+             .replace("mlp.fc2", "output.dense"))
+        state[k] = v.contiguous()
+    from safetensors.torch import save_file
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({**hf.config.to_dict(), "architectures": ["ViTModel"]}))
+    fe = fastenc.from_pretrained(tmp_path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = hf(x).last_hidden_state
+    assert float((fe(x) - ref).abs().max()) <= 1e-4
+
+
+def test_unsupported_architecture_lists_supported(tmp_path):
+    with pytest.raises(ValueError, match="supported: BertModel.*ViTForImageClassification"):
+        fastenc.from_hf(torch.nn.Linear(2, 2))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported: "):
+        fastenc.from_pretrained(tmp_path)
+    assert len(SUPPORTED) == 8
+
+
+def test_missing_or_corrupt_weights(tmp_path):
+    hf = _make("bert", "base")
+    hf.save_pretrained(tmp_path)
+    st = tmp_path / "model.safetensors"
+    data = st.read_bytes()
+    st.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cannot read weights from .*model.safetensors"):
+        fastenc.from_pretrained(tmp_path)
+    st.unlink()
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        fastenc.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        fastenc.from_pretrained(tmp_path / "nope")
+    # a checkpoint lacking tensors names them and loads nothing
+    from safetensors.torch import save_file
+    state = {k: v.contiguous() for k, v in hf.state_dict().items() if "layer.1.output" not in k}
+    save_file(state, str(st))
+    with pytest.raises(ValueError, match=r"missing weights: \['encoder.layer.1.output.dense.weight'"):
+        fastenc.from_pretrained(tmp_path)
+
+
+def test_bad_text_inputs():
+    fe = fastenc.from_hf(_hf.bert())
+    ids, mask, _ = _hf.text_batch([5, 3])
+    with pytest.raises(ValueError, match=r"input_ids must be in \[0, 211\)"):
+        fe(ids + 500)
+    with pytest.raises(ValueError, match="input_ids must be in"):
+        fe(ids - 10)
+    with pytest.raises(ValueError, match="exceeds the position table .*160"):
+        fe(torch.ones(1, 161, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"attention_mask must have input_ids' shape \(2, 5\), got \(2, 4\)"):
+        fe(ids, mask[:, :4])
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+        fe(ids.float())
+    with pytest.raises(ValueError, match="token_type_ids must be in"):
+        fe(ids, mask, torch.full_like(ids, 7))
+    mb = fastenc.from_hf(_hf.modernbert(layers=1))
+    with pytest.raises(ValueError, match="exceeds the position table"):
+        mb(torch.ones(1, 513, dtype=torch.long))
+
+
+def test_bad_images():
+    fe = fastenc.from_hf(_make("vit", "base"))
+    with pytest.raises(ValueError, match=r"pixel_values must be \(batch, 3, 32, 32\), got shape \(1, 3, 48, 48\)"):
+        fe(torch.randn(1, 3, 48, 48))
+    with pytest.raises(ValueError, match=r"got shape \(2, 1, 32, 32\)"):
+        fe(torch.randn(2, 1, 32, 32))
+    with pytest.raises(TypeError, match="pixel_values must be a float tensor"):
+        fe(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
