@@ -1,0 +1,97 @@
+// GELU (+bias) and GeGLU forward: vectorized elementwise kernels (16-byte loads), fp32 math.
+// Exact GELU: 0.5*x*(1 + erf(x/sqrt 2)); tanh form: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))).
+#include "cuda_utils.h"
+
+namespace fastenc_cuda {
+namespace {
+
+__device__ __forceinline__ float gelu_f(float v, bool tanh_approx) {
+  if (tanh_approx) {
+    const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+    return 0.5f * v * (1.f + tanhf(inner));
+  }
+  return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
+}
+
+// out[r, c] = gelu(x[r, c] + bias[c]) over `total` vectors of VEC elements; a row holds `row_vecs` vectors.
+template <typename T, int VEC>
+__global__ void gelu_fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ out,
+                                int64_t total, int64_t row_vecs, bool tanh_approx) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[VEC];
+    load_f32<T, VEC>(x + i * VEC, v);
+    if (bias != nullptr) {
+      float b[VEC];
+      load_f32<T, VEC>(bias + (i % row_vecs) * VEC, b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] += b[j];
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = gelu_f(v[j], tanh_approx);
+    store_f32<T, VEC>(out + i * VEC, v);
+  }
+}
+
+// out[r, c] = gelu(x[r, c]) * x[r, n + c] for c < n; `row_vecs` = n / VEC vectors per output row.
+template <typename T, int VEC>
+__global__ void geglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t total, int64_t row_vecs,
+                                 int64_t n, bool tanh_approx) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / row_vecs, c = (i - row * row_vecs) * VEC;
+    float a[VEC], g[VEC];
+    load_f32<T, VEC>(x + row * 2 * n + c, a);
+    load_f32<T, VEC>(x + row * 2 * n + n + c, g);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) a[j] = gelu_f(a[j], tanh_approx) * g[j];
+    store_f32<T, VEC>(out + row * n + c, a);
+  }
+}
+
+constexpr int kThreads = 256;
+
+}  // namespace
+
+cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, int64_t n, bool tanh_approx,
+                     int dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    constexpr int V = 16 / sizeof(T);
+    const T* xp = static_cast<const T*>(x);
+    const T* bp = static_cast<const T*>(bias);
+    T* op = static_cast<T*>(out);
+    if (n % V == 0 && aligned16(x) && aligned16(out) && (bias == nullptr || aligned16(bias))) {
+      const int64_t total = rows * n / V;
+      gelu_fwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, bp, op, total, n / V,
+                                                                               tanh_approx);
+    } else {
+      const int64_t total = rows * n;
+      gelu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, bp, op, total, n, tanh_approx);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool tanh_approx, int dtype,
+                      cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    constexpr int V = 16 / sizeof(T);
+    const T* xp = static_cast<const T*>(x);
+    T* op = static_cast<T*>(out);
+    if (n % V == 0 && aligned16(x) && aligned16(out)) {
+      const int64_t total = rows * n / V;
+      geglu_fwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, op, total, n / V, n,
+                                                                                tanh_approx);
+    } else {
+      const int64_t total = rows * n;
+      geglu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, op, total, n, n, tanh_approx);
+    }
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace fastenc_cuda

@@ -1,0 +1,50 @@
+// C-style launchers of the CUDA kernels in csrc/<op>/*.cu: raw device pointers, sizes, a dtype code and
+// the stream. Included by bindings.cpp (host compiler, torch headers) and by the .cu files (nvcc, no torch).
+// Every launcher validates what it can, launches, and returns cudaGetLastError() (or an error code).
+// All tensors are contiguous row-major; "T" below is the tensor's dtype (dtype code), math is fp32.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fastenc_cuda {
+
+enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// LayerNorm (rms=false) or RMSNorm (rms=true) of h = x (+ residual), rows x hidden, all T.
+// residual, bias, residual_out may be null; residual_out receives h (rounded to T) when residual is given,
+// and the statistics are taken over that rounded h. hidden <= norm_max_hidden(dtype) (else error).
+cudaError_t norm_fwd(const void* x, const void* residual, const void* weight, const void* bias, void* out,
+                     void* residual_out, int64_t rows, int64_t hidden, float eps, bool rms, int dtype,
+                     cudaStream_t stream);
+int64_t norm_max_hidden(int dtype);
+
+// out = gelu(x + bias): x, out rows x n; bias (n) may be null. tanh_approx selects the tanh form.
+cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, int64_t n, bool tanh_approx,
+                     int dtype, cudaStream_t stream);
+
+// out = gelu(x[:, :n]) * x[:, n:]: x rows x 2n, out rows x n.
+cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool tanh_approx, int dtype,
+                      cudaStream_t stream);
+
+// Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d (T); cos/sin: fp32 P x half (2*half <= d);
+// pos: int32 tokens. Writes qo, ko (same shapes as q, k); dims past 2*half are copied.
+cudaError_t rope_fwd(const void* q, const void* k, void* qo, void* ko, const float* cos, const float* sin,
+                     const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half,
+                     int dtype, cudaStream_t stream);
+
+// out = weight + scale * lora_b @ lora_a: weight, out (n_out x n_in) in T; lora_a (rank x n_in) and
+// lora_b (n_out x rank) in fp32. out may alias weight (in-place merge).
+cudaError_t merge_lora_fwd(const void* weight, const float* lora_a, const float* lora_b, void* out, float scale,
+                           int64_t n_out, int64_t n_in, int64_t rank, int dtype, cudaStream_t stream);
+
+// Non-causal varlen attention (FlashAttention-2 forward, tensor cores). q, k, v, out: total_tokens x heads
+// x head_dim (fp16/bf16 only); cu_seqlens: int32 batch+1 on the device; max_seqlen >= every length.
+// Query i of a sequence sees keys j of the same sequence with i-window_left <= j <= i+window_right
+// (a negative window side is unbounded). head_dim in attention_head_dim_supported().
+cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
+                          int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen, int64_t window_left,
+                          int64_t window_right, float scale, int dtype, cudaStream_t stream);
+bool attention_head_dim_supported(int64_t head_dim);
+
+}  // namespace fastenc_cuda
