@@ -1,0 +1,59 @@
+"""Triton GeGLU forward with ModernBERT's order: input, gate = x.chunk(2, -1); out = gelu(input) * gate.
+
+GLU variants: Shazeer 2020, "GLU Variants Improve Transformer". One read of each half, one write of out.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastenc.kernels._util import on_device
+from fastenc.kernels.gelu import _gelu_f32, tile_config
+
+
+@triton.jit
+def _geglu_fwd_kernel(X, Y, M, N, stride_x, stride_y, APPROX_TANH: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    # x row = [input (N) | gate (N)];  y[r, c] = gelu(x[r, c]) * x[r, N + c]   (fp32 math, gelu as in gelu.py)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < M) & (cols < N)
+    base = X + rows.to(tl.int64) * stride_x + cols
+    a = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(base + N, mask=mask, other=0.0).to(tl.float32)
+    y = _gelu_f32(a, APPROX_TANH) * g
+    tl.store(Y + rows.to(tl.int64) * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def geglu_fwd(x: torch.Tensor, approximate: str, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (rows, 2n) with unit column stride, fp32/fp16/bf16 -> (rows, n) in x's dtype (into `out` when given)."""
+    m, n2 = x.shape
+    n = n2 // 2
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    if m == 0 or n == 0:
+        return y
+    cfg = tile_config(n)
+    grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    with on_device(x):
+        _geglu_fwd_kernel[grid](x, y, m, n, x.stride(0), y.stride(0), APPROX_TANH=approximate == "tanh",
+                                ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
+    return y
+
+
+def compile_specs() -> list[dict]:
+    specs = []
+    # ModernBERT-base intermediate 1152, -large 2624; a tanh variant.
+    for name, dt, n, tanh in (("geglu_bf16_1152_erf", "bf16", 1152, False), ("geglu_fp16_2624_erf", "fp16", 2624, False),
+                              ("geglu_fp32_1000_tanh", "fp32", 1000, True)):
+        cfg = tile_config(n)
+        p = "*" + dt
+        specs.append({
+            "name": name, "fn": _geglu_fwd_kernel,
+            "signature": {"X": p, "Y": p, "M": "i32", "N": "i32", "stride_x": "i32", "stride_y": "i32",
+                          "APPROX_TANH": "constexpr", "ROWS": "constexpr", "BLOCK_N": "constexpr"},
+            "constexprs": {"APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
+            "divisible_by_16": ["N", "stride_x", "stride_y"] if n % 16 == 0 else [],
+            "num_warps": cfg["num_warps"], "num_stages": 1,
+        })
+    return specs

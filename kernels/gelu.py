@@ -1,0 +1,88 @@
+"""Triton GELU forward (exact erf or tanh form) with an optional fused bias add, on 2-D row tiles.
+
+GELU (Hendrycks & Gimpel 2016): x * Phi(x). Exact erf via tl.math.erf (libdevice erff when compiled, the
+interpreter's own erf on CPU); the tanh form rewritten through exp so it needs no tanh intrinsic.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastenc.kernels._util import on_device
+
+TILE = 2048  # elements per program
+
+
+@triton.jit
+def _gelu_f32(x, APPROX_TANH: tl.constexpr):
+    # exact: gelu(x) = 0.5 * x * (1 + erf(x / sqrt(2)))
+    # tanh:  gelu(x) = 0.5 * x * (1 + tanh(u)),  u = sqrt(2/pi) * (x + 0.044715 x^3)
+    #        and 0.5 * (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)), so gelu(x) = x / (1 + exp(-2u)).
+    #        exp(-2u) overflows to inf for very negative x, giving x / inf = -0, the correct limit.
+    if APPROX_TANH:
+        u2 = 1.5957691216057308 * (x + 0.044715 * x * x * x)  # 2u, 2 * sqrt(2/pi) = 1.5957691216057308
+        y = x / (1.0 + tl.exp(-u2))
+    else:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    return y
+
+
+@triton.jit
+def _gelu_fwd_kernel(X, B, Y, M, N, stride_x, stride_y, HAS_BIAS: tl.constexpr, APPROX_TANH: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    # y[r, c] = gelu(x[r, c] + b[c]) over a (ROWS, BLOCK_N) tile; fp32 math, one rounding at the store.
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < M) & (cols < N)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = _gelu_f32(x, APPROX_TANH)
+    tl.store(Y + rows64 * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def tile_config(n: int) -> dict[str, int]:
+    """(ROWS, BLOCK_N) tile of ~TILE elements for rows of n columns, and warps (16 elements per thread)."""
+    block = min(triton.next_power_of_2(max(n, 1)), TILE)
+    rows = max(1, TILE // block)
+    return {"ROWS": rows, "BLOCK_N": block, "num_warps": max(1, rows * block // 512)}
+
+
+def gelu_fwd(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, *,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (rows, n) with unit column stride, fp32/fp16/bf16; bias: (n,) contiguous or None.
+
+    Returns gelu(x + bias), (rows, n) in x's dtype (into `out` when given); approximate 'none' (erf) or 'tanh'.
+    """
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
+    if m == 0 or n == 0:
+        return y
+    cfg = tile_config(n)
+    grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    with on_device(x):
+        _gelu_fwd_kernel[grid](x, bias if bias is not None else x, y, m, n, x.stride(0), y.stride(0),
+                               HAS_BIAS=bias is not None, APPROX_TANH=approximate == "tanh",
+                               ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
+    return y
+
+
+def compile_specs() -> list[dict]:
+    specs = []
+    for name, dt, n, bias, tanh in (("gelu_fp16_3072_bias_erf", "fp16", 3072, True, False),
+                                    ("gelu_bf16_1152_tanh", "bf16", 1152, False, True),
+                                    ("gelu_fp32_384_bias_erf", "fp32", 384, True, False)):
+        cfg = tile_config(n)
+        p = "*" + dt
+        specs.append({
+            "name": name, "fn": _gelu_fwd_kernel,
+            "signature": {"X": p, "B": p, "Y": p, "M": "i32", "N": "i32", "stride_x": "i32", "stride_y": "i32",
+                          "HAS_BIAS": "constexpr", "APPROX_TANH": "constexpr", "ROWS": "constexpr",
+                          "BLOCK_N": "constexpr"},
+            "constexprs": {"HAS_BIAS": bias, "APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
+            "divisible_by_16": ["N", "stride_x", "stride_y"] if n % 16 == 0 else [],
+            "num_warps": cfg["num_warps"], "num_stages": 1,
+        })
+    return specs
