@@ -68,6 +68,26 @@ def pack_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     return batch, batch.gather(input_ids), batch.gather(pos)
 
 
+def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
+    """Sort token-id lists by length (longest first) and pad each batch to its own longest.
+
+    Returns (order, [(ids (b, width) int64, mask (b, width) bool)]); output row j of the concatenated batches
+    belongs to input order[j].
+    """
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    batches = []
+    for a in range(0, len(order), batch_size):
+        chunk = [seqs[i] for i in order[a:a + batch_size]]
+        width = max(1, max(len(c) for c in chunk))
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.bool)
+        for r, c in enumerate(chunk):
+            ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[r, :len(c)] = True
+        batches.append((ids, mask))
+    return order, batches
+
+
 class TextEncoderMixin:
     """`encode()` for the text encoders. The model class provides `_encode(ids, mask, types) -> (x, PackedBatch)`."""
 
@@ -101,7 +121,8 @@ class TextEncoderMixin:
         if self.tokenizer is None:
             raise ValueError("encode: texts need a tokenizer; load the model with fastenc.from_pretrained(folder) "
                              "(a folder with tokenizer.json) or call model.load_tokenizer(folder), or pass token ids")
-        return [e.ids[:max_length] for e in self.tokenizer.encode_batch(list(texts))]
+        self.tokenizer.enable_truncation(int(max_length))  # keeps the special tokens, as transformers does
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     @torch.inference_mode()
     def encode(self, inputs, attention_mask: torch.Tensor | None = None, *, batch_size: int = 32,
@@ -136,17 +157,7 @@ class TextEncoderMixin:
                 seqs = [list(t) for t in inputs]
             else:
                 raise TypeError("encode: inputs must be a str, a list of str, a list of token-id lists or a tensor")
-            order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-            batches = []
-            for a in range(0, len(order), batch_size):
-                chunk = [seqs[i] for i in order[a:a + batch_size]]
-                width = max(1, max(len(c) for c in chunk))
-                ids = torch.zeros(len(chunk), width, dtype=torch.long)
-                mask = torch.zeros(len(chunk), width, dtype=torch.bool)
-                for r, c in enumerate(chunk):
-                    ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-                    mask[r, :len(c)] = True
-                batches.append((ids, mask))
+            order, batches = make_batches(seqs, batch_size)
         it = batches
         if show_progress and len(batches) > 1:
             from tqdm.auto import tqdm

