@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/lora.h"
 
 #include <torch/version.h>
 
@@ -93,7 +94,44 @@ std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& 
 // (section owned by the attention op)
 
 // ---------------------------------------------------------------- lora (cpu)
-// (section owned by the lora ops)
+// merge_lora: W + scale * B @ A by the fp32 kernel in csrc/cpu/lora.cpp, rounded once to weight's dtype.
+Tensor merge_lora(const Tensor& weight, const Tensor& lora_a, const Tensor& lora_b, double scale) {
+  check_cpu(weight, "weight");
+  check_cpu(lora_a, "lora_a");
+  check_cpu(lora_b, "lora_b");
+  TORCH_CHECK(weight.dim() == 2 && lora_a.dim() == 2 && lora_b.dim() == 2,
+              "merge_lora: weight, lora_a, lora_b must be 2-D");
+  const int64_t rows = weight.size(0), cols = weight.size(1), r = lora_a.size(0);
+  TORCH_CHECK(lora_a.size(1) == cols && lora_b.size(0) == rows && lora_b.size(1) == r,
+              "merge_lora: expected lora_a (r, ", cols, ") and lora_b (", rows, ", r)");
+  Tensor wf = f32(weight), af = f32(lora_a), bf = f32(lora_b);
+  // wf is weight itself when weight is fp32 contiguous: never write into the caller's tensor.
+  Tensor out = wf.is_same(weight) ? at::empty_like(wf) : wf;
+  fastenc_cpu::merge_lora_fwd(wf.data_ptr<float>(), af.data_ptr<float>(), bf.data_ptr<float>(),
+                              out.data_ptr<float>(), rows, cols, r, (float)scale);
+  return out.to(weight.scalar_type());
+}
+
+// lora_linear: y = x W^T + b + scale (x A^T) B^T as three at::addmm/mm calls on torch's CPU GEMM (MKL or
+// oneDNN), not a hand-written GEMM: the base GEMM, the rank-r projection xa = x A^T (tokens x r) kept in
+// fp32, then y += scale * xa B^T in place (beta = 1, scale folded into alpha). Extra work over a plain linear:
+// 2 T r (in + out) flops against 2 T in out. fp16/bf16 inputs are computed in fp32 and rounded once.
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const OptTensor& bias, const Tensor& lora_a,
+                   const Tensor& lora_b, double scale) {
+  check_cpu(x, "x");
+  check_cpu(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && lora_a.dim() == 2 && lora_b.dim() == 2,
+              "lora_linear: x must be (tokens, in); weight, lora_a, lora_b 2-D");
+  const int64_t in = x.size(1), out = weight.size(0), r = lora_a.size(0);
+  TORCH_CHECK(weight.size(1) == in && lora_a.size(1) == in && lora_b.size(0) == out && lora_b.size(1) == r,
+              "lora_linear: expected weight (out, ", in, "), lora_a (r, ", in, "), lora_b (out, r)");
+  TORCH_CHECK(!bias.has_value() || bias->numel() == out, "lora_linear: bias must have ", out, " elements");
+  Tensor xf = f32(x), wf = f32(weight);
+  Tensor y = bias.has_value() ? at::addmm(f32(*bias), xf, wf.t()) : at::mm(xf, wf.t());
+  Tensor xa = at::mm(xf, f32(lora_a).t());
+  y.addmm_(xa, f32(lora_b).t(), /*beta=*/1.0, /*alpha=*/scale);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
 
 #ifdef FASTENC_WITH_CUDA
 // ---------------------------------------------------------------- CUDA wrappers
@@ -331,6 +369,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope, "rotate-half RoPE of q and k");
   // attention (cpu) defs
   // lora (cpu) defs
+  m.def("merge_lora", &merge_lora, "W + scale * B @ A, fp32 accumulation, rounded once");
+  m.def("lora_linear", &lora_linear, "x W^T + b + scale (x A^T) B^T via torch GEMMs, fp32");
 #ifdef FASTENC_WITH_CUDA
   // cuda defs
   m.def("layer_norm_cuda", &layer_norm_cuda, "LayerNorm (+residual), CUDA kernel, fp32 statistics");

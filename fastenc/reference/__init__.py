@@ -5,5 +5,7 @@ from fastenc.reference.gelu import gelu_ref
 from fastenc.reference.geglu import geglu_ref
 from fastenc.reference.rope import rope_cache, rope_ref
 from fastenc.reference.attention import attention_ref, attention_varlen_ref
+from fastenc.reference.merge_lora import merge_lora_ref
+from fastenc.reference.lora_linear import lora_linear_ref
 
-__all__ = ["layer_norm_ref", "rms_norm_ref", "gelu_ref", "geglu_ref", "rope_cache", "rope_ref", "attention_ref", "attention_varlen_ref"]
+__all__ = ["layer_norm_ref", "rms_norm_ref", "gelu_ref", "geglu_ref", "rope_cache", "rope_ref", "attention_ref", "attention_varlen_ref", "merge_lora_ref", "lora_linear_ref"]

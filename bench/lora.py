@@ -1,0 +1,107 @@
+"""LoRA inference cost on one device: fused unmerged lora_linear and the merged path against a plain linear.
+
+Measured in one process, interleaved (ABAB) so every provider sees the same machine state:
+  plain       F.linear(x, W, b)                                  -- the baseline every ratio divides by
+  unmerged    fastenc.ops.lora_linear(x, W, b, A, B, scale)       -- the fused/fast backend of this device
+  peft-style  F.linear(x, W, b) + F.linear(F.linear(x, A), B) * scale  (PEFT's unmerged forward)
+  merged      F.linear(x, W', b), W' = fastenc.ops.merge_lora(W, A, B, scale): the merged model's cost
+plus the one-off merge time. Ratios of medians and of minimums (best-of, robust when the machine is shared). Default: CPU, fp32, hidden 768, tokens 4096, r = 8, 16, 64.
+Usage: python bench/lora.py [--device cuda --dtype bf16] [--tokens 4096 --hidden 768 --ranks 8,16,64]
+Writes bench/out/lora-<device>-<dtype>.json and .png.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import fastenc
+from fastenc.benchmark import report, timing
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[int], repeats: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+    x = rnd(tokens, hidden)
+    w, b = rnd(hidden, hidden, scale=hidden ** -0.5), rnd(hidden)
+    rows = []
+    for r in ranks:
+        a, bb, scale = rnd(r, hidden, scale=hidden ** -0.5), rnd(hidden, r, scale=0.1), 16.0 / r
+        merged_w = fastenc.ops.merge_lora(w, a, bb, scale)
+        fns = {
+            "plain": lambda: F.linear(x, w, b),
+            "unmerged": lambda: fastenc.ops.lora_linear(x, w, b, a, bb, scale),
+            "peft-style": lambda: F.linear(x, w, b) + F.linear(F.linear(x, a), bb) * scale,
+            "merged": lambda: F.linear(x, merged_w, b),
+        }
+        impl = fastenc.registry.select("lora_linear", {"x": x, "weight": w, "bias": b, "lora_a": a, "lora_b": bb})
+        samples = timing.interleaved(fns, device, warmup=2, repeats=repeats, min_time_s=1.0, max_repeats=200)
+        stats = {k: timing.summarize(v) for k, v in samples.items()}
+        merge = timing.time_fn(lambda: fastenc.ops.merge_lora(w, a, bb, scale), device, warmup=1, repeats=10)
+        base, base_min = stats["plain"].median_ms, stats["plain"].min_ms
+        row = {"rank": r, "tokens": tokens, "hidden": hidden, "lora_linear_backend": impl.backend,
+               "merge_backend": fastenc.registry.select("merge_lora", {"weight": w}).backend,
+               "merge_once_ms": merge.median_ms}
+        for k, s in stats.items():
+            row[f"{k}_ms"] = s.median_ms
+            row[f"{k}_ratio"] = s.median_ms / base
+            row[f"{k}_min_ratio"] = s.min_ms / base_min  # best-of: robust on a machine shared with other work
+        row["extra_flops_fraction"] = r * (hidden + hidden) / (hidden * hidden)
+        rows.append(row)
+        print(f"r={r:3d}  plain {base:7.2f} ms (min {base_min:.2f}) | ratios median/min: unmerged ({impl.backend}) "
+              f"{row['unmerged_ratio']:.3f}/{row['unmerged_min_ratio']:.3f} | peft-style "
+              f"{row['peft-style_ratio']:.3f}/{row['peft-style_min_ratio']:.3f} | merged "
+              f"{row['merged_ratio']:.3f}/{row['merged_min_ratio']:.3f} | merge once {merge.median_ms:.2f} ms",
+              flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    provs = ["unmerged", "peft-style", "merged"]
+    width = 0.8 / len(provs)
+    for i, p in enumerate(provs):
+        ax.bar([j + i * width for j in range(len(rows))], [r[f"{p}_ratio"] for r in rows], width, label=p)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.15, color="r", lw=0.8, ls="--", label="1.15x target")
+    ax.set_xticks([j + width for j in range(len(rows))], [f"r={r['rank']}" for r in rows])
+    ax.set_ylabel("time / plain linear")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--ranks", default="8,16,64")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
+    a = p.parse_args(argv)
+    dtype = DTYPES[a.dtype]
+    rows = run(a.device, dtype, a.tokens, a.hidden, [int(r) for r in a.ranks.split(",")], a.repeats)
+    out = Path(a.out)
+    stem = f"lora-{a.device}-{a.dtype}"
+    report.write_json(out / f"{stem}.json", {**report.metadata(a.device, dtype, False), "results": rows})
+    plot(rows, out / f"{stem}.png", f"LoRA linear, {a.device} {a.dtype}, {a.tokens}x{a.hidden}")
+    print(f"wrote {out / stem}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
