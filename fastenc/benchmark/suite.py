@@ -1,0 +1,158 @@
+"""The two suites behind `fastenc bench`: run, show a progress bar and a table, write JSON/CSV/PNG."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from fastenc.benchmark import ceilings as _ceilings
+from fastenc.benchmark import kernels as _kernels
+from fastenc.benchmark import models as _models
+from fastenc.benchmark import report
+
+
+def _log(msg: str) -> None:
+    tqdm.write(msg, file=sys.stderr)
+
+
+def bench_kernels(device: str, dtype: torch.dtype, *, quick: bool, out: Path, ops=None, shapes=None,
+                  providers=None, compile_ref: bool = True, plots: bool = True) -> dict:
+    cases = _kernels.select_cases(quick, ops, shapes)
+    if not cases:
+        raise ValueError("fastenc bench kernels: no case matches --ops/--shapes")
+    meta = report.metadata(device, dtype, quick)
+    t0 = time.perf_counter()
+    _log(f"measuring this machine's ceilings on {device} ...")
+    ceil = _ceilings.measure(device, dtype, quick)
+    _log(f"  copy bandwidth {ceil['copy_bandwidth']['value']:.3g} GB/s, "
+         f"GEMM {ceil['gemm_rate']['value']:.3g} TFLOP/s ({ceil['gemm_rate']['how']})")
+    rows: list[dict] = []
+    bar = tqdm(cases, desc="kernels", unit="case", file=sys.stderr, dynamic_ncols=True)
+    for case in bar:
+        bar.set_postfix_str(f"{case.op} {case.shape}"[:60])
+        rows += _kernels.run_case(case, device, dtype, ceil, quick=quick, compile_ref=compile_ref,
+                                  providers=set(providers) if providers else None)
+    bar.close()
+    meta["elapsed_s"] = time.perf_counter() - t0
+    payload = {"suite": "kernels", **meta, "ceilings": ceil, "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    files = [report.write_json(out / "kernels.json", payload), report.write_csv(out / "kernels.csv", rows)]
+    if plots:
+        files += _kernel_plots(out, rows, ceil, meta)
+    print(kernel_table(rows))
+    return {"payload": payload, "files": [f for f in files if f]}
+
+
+def kernel_table(rows: list[dict]) -> str:
+    timed = [r for r in rows if "median_ms" in r]
+    cols = [("op", "op"), ("shape", "shape"), ("provider", "provider"), ("median_ms", "median ms"),
+            ("q20_ms", "q20"), ("q80_ms", "q80"), ("gb_s", "GB/s"), ("tflop_s", "TFLOP/s"),
+            ("frac_of_ceiling", "of ceiling"), ("speedup_vs_eager", "x eager"), ("speedup_vs_sdpa", "x sdpa"),
+            ("speedup_vs_compile", "x compile")]
+    text = report.table(timed, cols)
+    skipped = [r for r in rows if "skipped" in r]
+    if skipped:
+        seen = {}
+        for r in skipped:
+            seen.setdefault((r["op"], r["provider"], r["skipped"]), 0)
+        text += "\n\nnot timed:\n" + "\n".join(f"  {op} {p}: {why}" for op, p, why in seen)
+    return text
+
+
+def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
+    timed = [r for r in rows if "median_ms" in r]
+    groups = list(dict.fromkeys(f"{r['op']}\n{r['shape']}" for r in timed))
+    provs = list(dict.fromkeys(r["provider"] for r in timed))
+    vals = {(f"{r['op']}\n{r['shape']}", r["provider"]): r["frac_of_ceiling"] for r in timed}
+    where = f"{meta['machine']['cpu'] if meta['device'] == 'cpu' else meta['machine'].get('gpu', meta['device'])}, {meta['dtype']}"
+    return [report.plot_bars(out / "kernels_throughput.png", groups, provs, vals,
+                             "fraction of measured ceiling (copy GB/s or GEMM TFLOP/s)",
+                             f"fastenc kernels vs baselines ({where})"),
+            report.plot_roofline(out / "kernels_roofline.png", timed, ceil, f"kernel roofline ({where})")]
+
+
+def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
+                 compile_hf: bool = True, plots: bool = True) -> dict:
+    names = models or (["bert-base"] if quick else list(_models.MODELS))
+    unknown = [n for n in names if n not in _models.MODELS]
+    if unknown:
+        raise ValueError(f"--models: unknown {unknown}; known: {list(_models.MODELS)}")
+    if providers:
+        wanted = providers
+    elif quick:
+        wanted = ["fastenc", "hf-sdpa", "onnxruntime"]
+    else:
+        wanted = ["fastenc", "hf-eager", "hf-sdpa"] + (["hf-compile"] if compile_hf else []) + ["onnxruntime"]
+    threads = torch.get_num_threads()
+    meta = report.metadata(device, dtype, quick)
+    meta["threads"] = threads
+    meta["workloads"] = {"fixed": "8 x 128 tokens (ViT: 8 images 224x224)",
+                         "varlen": "16 sequences, lengths uniform in [16, 384], torch.Generator().manual_seed(0); "
+                                   "baselines run the batch padded to its longest sequence; tokens/s counts real tokens",
+                         "latency": "batch 1: 1 x 128 tokens (ViT: 1 image), p50/p95"}
+    t0 = time.perf_counter()
+    results = []
+    steps = ["build", "check outputs", "batch-1 latency", "fixed workload", "varlen workload"]
+    bar = tqdm(total=len(names) * len(steps), desc="models", unit="step", file=sys.stderr, dynamic_ncols=True)
+    for n in names:
+        done = [0]
+
+        def step(msg, n=n, done=done):
+            if done[0]:
+                bar.update(1)
+            done[0] += 1
+            bar.set_postfix_str(f"{n}: {msg}")
+
+        results.append(_models.run_model(_models.MODELS[n], device, dtype, wanted, quick=quick, threads=threads,
+                                         log=_log, tick=bar.refresh, step=step))
+        bar.update(len(steps) - done[0] + 1)
+    bar.close()
+    rows = [r for res in results for r in res["rows"]]
+    meta["elapsed_s"] = time.perf_counter() - t0
+    payload = {"suite": "models", **meta, "providers": wanted, "models": results, "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    files = [report.write_json(out / "models.json", payload), report.write_csv(out / "models.csv", rows)]
+    if plots:
+        files += _model_plots(out, rows, meta)
+    print(model_table(results))
+    return {"payload": payload, "files": [f for f in files if f]}
+
+
+def model_table(results: list[dict]) -> str:
+    rows = [r for res in results for r in res["rows"]]
+    cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("throughput", "units/s"),
+            ("median_ms", "median ms"), ("latency_p50_ms", "b1 p50 ms"), ("latency_p95_ms", "b1 p95 ms"),
+            ("peak_mem_mib", "peak MiB"), ("max_abs_err_vs_transformers", "max err")]
+    cols += [(f"ratio_vs_{b}", f"x {b}") for b in _models.BASELINES if any(f"ratio_vs_{b}" in r for r in rows)]
+    text = report.table(rows, cols)
+    notes = [f"  {res['model']} {p}: {why}" for res in results for p, why in res["skipped"].items()]
+    if notes:
+        text += "\n\nnot timed:\n" + "\n".join(notes)
+    lines = []
+    for r in rows:
+        if r["provider"] == "fastenc":
+            parts = [f"{r[f'ratio_vs_{b}']:.2f}x {b}" for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile")
+                     if f"ratio_vs_{b}" in r and r[f"ratio_vs_{b}"] is not None]
+            if parts:
+                lines.append(f"  {r['model']} {r['workload']}: fastenc = " + ", ".join(parts))
+    if lines:
+        text += "\n\nfastenc throughput ratios (higher is better):\n" + "\n".join(lines)
+    return text
+
+
+def _model_plots(out: Path, rows: list[dict], meta: dict) -> list:
+    groups = list(dict.fromkeys(f"{r['model']}\n{r['workload']}" for r in rows))
+    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    # normalize to hf-sdpa so text (tokens/s) and vision (images/s) share one axis
+    base = {f"{r['model']}\n{r['workload']}": r["throughput"] for r in rows if r["provider"] == "hf-sdpa"}
+    vals = {}
+    for r in rows:
+        g = f"{r['model']}\n{r['workload']}"
+        vals[(g, r["provider"])] = r["throughput"] / base[g] if g in base else r["throughput"]
+    ylabel = "throughput relative to transformers sdpa" if base else "throughput (units/s)"
+    where = meta["machine"]["cpu"] if meta["device"] == "cpu" else meta["machine"].get("gpu", meta["device"])
+    return [report.plot_bars(out / "models_throughput.png", groups, provs, vals, ylabel,
+                             f"encoder throughput ({where}, {meta['machine']['threads']} threads, {meta['dtype']})")]
