@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import importlib
+import json
 import os
 import shutil
 import sys
@@ -81,6 +82,63 @@ def build_dir() -> Path:
     return d
 
 
+# ---------------------------------------------------------------- build metadata
+# Every build records {torch, cuda, archs} next to its binary (JIT: build_meta.json in the build folder;
+# ahead of time: _C.build_meta.json beside fastenc/_C*.so, written by setup.py). On load a mismatch with the
+# running torch makes the build unusable with the reason; a GPU none of the archs can run makes only the cuda
+# backend unavailable, with the reason.
+META_FILE = "build_meta.json"
+AOT_META_FILE = "_C.build_meta.json"
+_META: dict | None = None
+
+
+def build_meta(cuda: bool) -> dict:
+    """What a build depends on: torch and CUDA versions, the GPU architectures compiled."""
+    return {"torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
+            "archs": cuda_archs() if cuda else [], "with_cuda": bool(cuda), "python": sys.version.split()[0]}
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def meta_mismatch(meta: dict | None) -> str | None:
+    """Why a build with this metadata cannot be used by the running torch (None: it can)."""
+    if not meta:
+        return None
+    if meta.get("torch") != torch.__version__:
+        return f"built for torch {meta.get('torch')}, running torch {torch.__version__}"
+    if meta.get("with_cuda") and meta.get("cuda") != torch.version.cuda:
+        return f"built with CUDA {meta.get('cuda')}, running torch has CUDA {torch.version.cuda}"
+    return None
+
+
+def arch_mismatch(archs: list[str], capability: tuple[int, int]) -> str | None:
+    """None if code built for `archs` (e.g. ["80", "90a"]) runs on a GPU of `capability`, else the reason.
+    sm_XY machine code runs on X.Z for Z >= Y; an "a" arch (sm_90a) only on exactly that chip."""
+    major, minor = capability
+    if major < 8:
+        return f"the CUDA kernels need sm_80 or newer (bf16 mma.sync, cp.async); this GPU is sm_{major}{minor}"
+    for a in archs:
+        num = a.rstrip("a")
+        if not num.isdigit() or len(num) < 2:
+            continue
+        amaj, amin = int(num[:-1]), int(num[-1])
+        if amaj == major and (amin == minor if a.endswith("a") else amin <= minor):
+            return None
+    built = ", ".join(f"sm_{a}" for a in archs) or "no GPU architecture"
+    return (f"the CUDA kernels were built for {built}; this GPU is sm_{major}{minor} "
+            f"(set FASTENC_CUDA_ARCHS to include {major}{minor} and rebuild)")
+
+
+def meta() -> dict | None:
+    """Build metadata of the loaded extension (None before it is loaded or when none was recorded)."""
+    return _META
+
+
 def _aot_module():
     try:
         mod = importlib.import_module("fastenc._C")
@@ -89,7 +147,26 @@ def _aot_module():
     built = getattr(mod, "torch_version", lambda: "?")()
     if built != torch.__version__.split("+")[0]:
         return None, f"prebuilt fastenc._C was built for torch {built}, running torch {torch.__version__}"
+    info = _read_meta(Path(mod.__file__).with_name(AOT_META_FILE))
+    why = meta_mismatch(info)
+    if why:
+        return None, f"prebuilt fastenc._C {why}"
+    global _META
+    _META = info
     return mod, None
+
+
+def _clear_stale_build(d: Path) -> None:
+    """A build folder made for another torch/CUDA (a fixed FASTENC_EXT_DIR) is emptied so ninja rebuilds."""
+    why = meta_mismatch(_read_meta(d / META_FILE))
+    if why is None:
+        return
+    print(f"fastenc: cached build in {d} was {why}; rebuilding", file=sys.stderr, flush=True)
+    for p in d.iterdir():
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _compiler_missing() -> str | None:
@@ -119,7 +196,7 @@ def status() -> str | None:
 
 def load(verbose: bool | None = None):
     """Return the extension module, building it on first use. Raises RuntimeError with the reason."""
-    global _MODULE, _ERROR
+    global _MODULE, _ERROR, _META
     if _MODULE is not None:
         return _MODULE
     if _ERROR is not None:
@@ -138,6 +215,7 @@ def load(verbose: bool | None = None):
         from torch.utils.cpp_extension import load as _load
         cuda = with_cuda()
         srcs = sources(cuda)
+        _clear_stale_build(build_dir())
         print(f"fastenc: building the C++ extension ({'cpu+cuda' if cuda else 'cpu'}, {len(srcs)} sources) "
               f"in {build_dir()} ...", file=sys.stderr, flush=True)
         try:
@@ -157,6 +235,11 @@ def load(verbose: bool | None = None):
             msg = "\n".join(errors[:5]) if errors else msg
             _ERROR = "C++ extension build failed: " + msg[:_MAX_ERR]
             raise RuntimeError(_ERROR) from None
+        _META = build_meta(cuda)
+        try:
+            (build_dir() / META_FILE).write_text(json.dumps(_META, indent=1) + "\n")
+        except OSError:
+            pass
         print("fastenc: C++ extension ready", file=sys.stderr, flush=True)
         return _MODULE
 
@@ -180,4 +263,6 @@ def cuda_available() -> str | None:
         return why
     if not getattr(_MODULE, "has_cuda", lambda: False)():
         return "extension was built without CUDA kernels"
+    if _META and _META.get("archs"):
+        return arch_mismatch(list(_META["archs"]), torch.cuda.get_device_capability())
     return None
