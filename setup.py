@@ -10,6 +10,7 @@ from setuptools import setup
 ext_modules, cmdclass = [], {}
 if os.environ.get("FASTENC_BUILD_EXT", "0") not in ("", "0"):
     import glob
+    import sys
 
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
@@ -31,6 +32,27 @@ if os.environ.get("FASTENC_BUILD_EXT", "0") not in ("", "0"):
         ext_modules.append(CUDAExtension(sources=srcs, extra_compile_args={"cxx": cxx + ["-DFASTENC_WITH_CUDA"], "nvcc": nvcc}, **kw))
     else:
         ext_modules.append(CppExtension(sources=srcs, extra_compile_args={"cxx": cxx}, **kw))
-    cmdclass = {"build_ext": BuildExtension}
+    import json
+
+    class BuildExtWithMeta(BuildExtension):
+        """Records {torch, cuda, archs} beside the built fastenc._C; fastenc.extension checks it on load."""
+
+        def _meta_path(self):
+            return os.path.join(os.path.dirname(self.get_ext_fullpath("fastenc._C")), "_C.build_meta.json")
+
+        def run(self):
+            super().run()
+            meta = {"torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
+                    "archs": archs if cuda else [], "with_cuda": cuda, "python": sys.version.split()[0]}
+            os.makedirs(os.path.dirname(self._meta_path()), exist_ok=True)
+            with open(self._meta_path(), "w") as f:
+                json.dump(meta, f, indent=1)
+            print(f"fastenc: built fastenc._C ({'cpu+cuda ' + ';'.join(archs) if cuda else 'cpu'}), "
+                  f"metadata in {self._meta_path()}")
+
+        def get_outputs(self):
+            return super().get_outputs() + [self._meta_path()]
+
+    cmdclass = {"build_ext": BuildExtWithMeta}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)
