@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
+from fastenc.lora import LoraMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.config import BertConfig
 
@@ -56,7 +57,7 @@ class BertLayer(nn.Module):
         return self.mlp_norm(self.mlp(x), residual=x)[0]
 
 
-class BertModel(TextEncoderMixin, nn.Module):
+class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: BertConfig):

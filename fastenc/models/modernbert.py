@@ -17,6 +17,7 @@ from torch import nn
 
 from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.lora import LoraMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.config import ModernBertConfig
 
@@ -57,7 +58,7 @@ class ModernBertHead(nn.Module):
         return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.bias))
 
 
-class ModernBertModel(TextEncoderMixin, nn.Module):
+class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: ModernBertConfig):

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.lora import LoraMixin
 from fastenc.models.config import ViTConfig
 from fastenc.models.padding import PackedBatch
 
@@ -49,7 +50,7 @@ class ViTLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
 
 
-class ViTModel(nn.Module):
+class ViTModel(LoraMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: ViTConfig):

@@ -1,0 +1,395 @@
+"""PEFT LoRA adapters on fastenc models (Hu et al. 2021, "LoRA"; PEFT's adapter_config.json +
+adapter_model.safetensors format): merged at zero inference cost, or kept unmerged as named adapters chosen per call.
+
+    model = fastenc.from_hf(hf_model)                     # BertModel, ModernBertModel, ViTModel (+ heads)
+    model.load_lora("adapter_dir")                        # merge: W <- W + scale * B @ A (fastenc.ops.merge_lora)
+    model.unmerge_lora()                                  # the original weights back, bit for bit
+    model.load_lora(peft_model, merge=False, adapter_name="a")   # unmerged, routed through ops.lora_linear
+    model(ids, mask, adapter="a")                         # per call; or model.set_adapter("a") / use_adapter("a")
+
+PEFT module names map onto fastenc's modules through the explicit weight maps of fastenc.models.convert, so a
+query/key/value adapter lands on its third of the fused Wqkv rows. Everything is validated before the model is
+touched: a bad adapter raises and leaves the model exactly as it was. The models inherit `LoraMixin`.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fastenc import ops
+from fastenc.layers.linear import Linear
+
+SCALE_NAME = "scale = lora_alpha / r (use_rslora: lora_alpha / sqrt(r))"
+_KEEP = object()
+_KEY = re.compile(r"^(?P<mod>.+)\.(?P<kind>lora_A|lora_B)(?:\.(?P<adapter>[^.]+))?\.weight$")
+# PEFT options fastenc cannot honour at inference; value -> reason (checked only when set to a non-default value).
+_UNSUPPORTED = {
+    "use_dora": "DoRA (use_dora=True) is not supported",
+    "fan_in_fan_out": "fan_in_fan_out=True does not apply to these models' nn.Linear layers (weights are (out, in))",
+    "lora_bias": "lora_bias=True (a bias on lora_B) is not supported",
+    "layer_replication": "layer_replication is not supported",
+    "target_parameters": "target_parameters (LoRA on raw parameters) is not supported",
+    "use_qalora": "QA-LoRA is not supported",
+}
+
+
+@dataclass
+class _Piece:
+    """One PEFT LoRA module mapped onto fastenc: rows `rows` of the Linear `module` get scale * B @ A."""
+    peft_name: str
+    module: str
+    rows: slice
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+
+
+@dataclass
+class _State:
+    """Per-model LoRA bookkeeping (plain attributes: not parameters, not in state_dict)."""
+    originals: dict[str, torch.Tensor] = field(default_factory=dict)   # module -> weight before any merge
+    merged: list[str] = field(default_factory=list)                      # merged adapter names, in order
+    unmerged: dict[str, list[str]] = field(default_factory=dict)        # adapter -> modules it routes
+    default: str | None = None                                          # set_adapter()
+    active: contextvars.ContextVar = field(default_factory=lambda: contextvars.ContextVar("fastenc_lora",
+                                                                                         default=_KEEP))
+
+    def current(self) -> str | None:
+        name = self.active.get()
+        return self.default if name is _KEEP else name
+
+
+# ---------------------------------------------------------------- reading an adapter
+
+def read_adapter(source, peft_adapter: str | None = None) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """(config dict, {key: tensor}, adapter name) from a PEFT adapter folder or a PeftModel (its adapter
+    `peft_adapter`, default its active one)."""
+    if isinstance(source, (str, Path)):
+        folder = Path(source)
+        cfg_path = folder / "adapter_config.json"
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"load_lora: {folder} has no adapter_config.json (expected a PEFT adapter folder)")
+        config = json.loads(cfg_path.read_text())
+        if (folder / "adapter_model.safetensors").is_file():
+            from safetensors.torch import load_file
+            state = load_file(str(folder / "adapter_model.safetensors"))
+        elif (folder / "adapter_model.bin").is_file():
+            state = torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise FileNotFoundError(f"load_lora: {folder} has no adapter_model.safetensors or adapter_model.bin")
+        return config, state, folder.name or "default"
+    peft_config = getattr(source, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        from peft import get_peft_model_state_dict
+
+        name = peft_adapter or getattr(source, "active_adapter", None) or next(iter(peft_config))
+        if name not in peft_config:
+            raise ValueError(f"load_lora: the PeftModel has no adapter {name!r}; it has {sorted(peft_config)}")
+        cfg = peft_config[name]
+        config = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+        state = get_peft_model_state_dict(source, adapter_name=name)
+        return config, {k: v.detach() for k, v in state.items()}, name
+    raise TypeError(f"load_lora: source must be a PEFT adapter folder (str or Path) or a PeftModel, got "
+                    f"{type(source).__name__}")
+
+
+def _pattern(patterns: dict | None, key: str):
+    """PEFT's rank_pattern / alpha_pattern lookup: a pattern matches a module name ending in it (regex)."""
+    for pat, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({pat})$", key):
+            return value
+    return None
+
+
+def check_config(config: dict) -> None:
+    peft_type = str(config.get("peft_type", "LORA")).upper().replace("PEFTTYPE.", "")
+    if peft_type != "LORA":
+        raise ValueError(f"load_lora: peft_type must be LORA, got {config.get('peft_type')!r}")
+    for opt, why in _UNSUPPORTED.items():
+        v = config.get(opt)
+        if v not in (None, False, [], {}, ""):
+            raise ValueError(f"load_lora: {why} (adapter_config {opt}={v!r})")
+    if config.get("bias", "none") != "none":
+        raise ValueError(f"load_lora: bias must be 'none' (trained biases are not supported), got {config.get('bias')!r}")
+    r = config.get("r")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"load_lora: r must be a positive int, got {r!r}")
+    alphas = [config.get("lora_alpha")] + list((config.get("alpha_pattern") or {}).values())
+    for alpha in alphas:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"load_lora: lora_alpha must be a number > 0, got {alpha!r}")
+    for rr in (config.get("rank_pattern") or {}).values():
+        if isinstance(rr, bool) or not isinstance(rr, int) or rr < 1:
+            raise ValueError(f"load_lora: rank_pattern ranks must be positive ints, got {rr!r}")
+
+
+# ---------------------------------------------------------------- mapping PEFT names onto a fastenc model
+
+def _arch(model) -> str:
+    return getattr(model.config, "model_type", "")
+
+
+def target_table(model) -> dict[str, tuple[str, int | None, str]]:
+    """HF module name (with and without the head prefix) -> (fastenc module, third of Wqkv or None, kind)."""
+    from fastenc.models import convert
+
+    arch = _arch(model)
+    if arch not in convert.MAPS:
+        raise TypeError(f"load_lora: {type(model).__name__} is not a fastenc BERT/ModernBERT/ViT model")
+    table: dict[str, tuple[str, int | None, str]] = {}
+    for prefix in ("", convert.HEAD_PREFIX[arch]):
+        for fe, hs, kind in convert.MAPS[arch](model.config, getattr(model, "task", "base"), prefix):
+            if not fe.endswith(".weight"):
+                continue
+            for i, h in enumerate(hs):
+                if h.endswith(".weight"):
+                    table[h[:-len(".weight")]] = (fe[:-len(".weight")], i if kind == "qkv" else None, kind)
+    return table
+
+
+def _split_keys(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """{peft module name: {"lora_A": A, "lora_B": B}}; any non-LoRA-linear key is an error."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    bad = []
+    for key, t in state.items():
+        k = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        m = _KEY.match(k)
+        if m is None:
+            bad.append(key)
+            continue
+        out.setdefault(m["mod"], {})[m["kind"]] = t
+    if bad:
+        kinds = ("lora_embedding" in " ".join(bad) and "LoRA on embeddings" or
+                 "lora_magnitude_vector" in " ".join(bad) and "DoRA magnitudes" or
+                 "modules_to_save" in " ".join(bad) and "modules_to_save (trained full copies)" or "non-LoRA tensors")
+        raise ValueError(f"load_lora: the adapter holds {kinds}, which fastenc does not support: {bad[:4]}"
+                         f"{' ...' if len(bad) > 4 else ''}")
+    if not out:
+        raise ValueError("load_lora: the adapter holds no LoRA weights")
+    return out
+
+
+def plan(model, config: dict, state: dict[str, torch.Tensor]) -> list[_Piece]:
+    """Validate an adapter against `model` and map it; raises before anything is changed."""
+    from fastenc.models import convert
+
+    check_config(config)
+    table = target_table(model)
+    arch, pieces, missing = _arch(model), [], []
+    for peft_name, ab in sorted(_split_keys(state).items()):
+        if set(ab) != {"lora_A", "lora_B"}:
+            raise ValueError(f"load_lora: module {peft_name!r} has {sorted(ab)} but needs both lora_A and lora_B")
+        legacy = next(iter(convert.normalize_hf_names(arch, {peft_name + ".weight": None})))[:-len(".weight")]
+        hit = table.get(peft_name) or table.get(legacy)
+        if hit is None:
+            missing.append(peft_name)
+            continue
+        fe_name, third, kind = hit
+        try:
+            module = model.get_submodule(fe_name)
+        except AttributeError:
+            module = None
+        if kind == "patch" or not isinstance(module, Linear):
+            raise ValueError(f"load_lora: target module {peft_name!r} is not a linear layer in fastenc's "
+                             f"{type(model).__name__} (LoRA on convolutions, embeddings and norms is not supported)")
+        a, b = ab["lora_A"], ab["lora_B"]
+        if a.dim() != 2 or b.dim() != 2 or not a.is_floating_point() or not b.is_floating_point():
+            raise ValueError(f"load_lora: {peft_name}: lora_A and lora_B must be 2-D float tensors, got "
+                             f"{tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}")
+        out_rows = module.out_features // 3 if third is not None else module.out_features
+        r = a.shape[0]
+        if b.shape[1] != r:
+            raise ValueError(f"load_lora: {peft_name}: rank mismatch between lora_A (r={r}) and lora_B "
+                             f"(r={b.shape[1]})")
+        want_r = _pattern(config.get("rank_pattern"), peft_name) or config["r"]
+        if r != want_r:
+            raise ValueError(f"load_lora: {peft_name}: lora_A has rank {r} but adapter_config says r={want_r}")
+        if a.shape[1] != module.in_features or b.shape[0] != out_rows:
+            raise ValueError(f"load_lora: {peft_name}: adapter shapes lora_A {tuple(a.shape)}, lora_B {tuple(b.shape)} "
+                             f"do not fit the model's layer ({out_rows} out x {module.in_features} in): an adapter "
+                             f"made for another hidden size or architecture?")
+        alpha = _pattern(config.get("alpha_pattern"), peft_name) or config["lora_alpha"]
+        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        rows = slice(third * out_rows, (third + 1) * out_rows) if third is not None else slice(0, out_rows)
+        pieces.append(_Piece(peft_name, fe_name, rows, a, b, float(scale)))
+    if missing:
+        known = sorted(k for k, v in table.items() if v[2] != "patch")
+        raise ValueError(f"load_lora: target module(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} do not exist "
+                         f"in fastenc's {type(model).__name__} ({arch}); an adapter made for another architecture? "
+                         f"Linear targets look like {known[:3]}")
+    return pieces
+
+
+# ---------------------------------------------------------------- unmerged routing
+
+class LoraLinear(Linear):
+    """A fastenc Linear carrying unmerged adapters: y = ops.lora_linear(x, W, b, A_name, B_name, 1) for the active
+    adapter (scale folded into B), plain F.linear otherwise. Modules become this class only while they carry
+    adapters (their class is switched back when the last adapter is removed)."""
+
+    def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        bias = self.bias if with_bias else None
+        state = self.__dict__.get("_lora_state")
+        name = state.current() if state is not None else None
+        ad = self.__dict__.get("_lora_adapters", {}).get(name) if name is not None else None
+        if ad is None:
+            return F.linear(x, self.weight, bias)
+        a, b = ad
+        if a.dtype != x.dtype or a.device != x.device:
+            a, b = a.to(device=x.device, dtype=x.dtype), b.to(device=x.device, dtype=x.dtype)
+        return ops.lora_linear(x, self.weight, bias, a, b, 1.0)
+
+
+def _combine(module: Linear, pieces: list[_Piece]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (A, B) for a module from its pieces: A = [A_1; A_2; ...], B block-placed by rows, scale folded in."""
+    w = module.weight
+    ranks = [p.a.shape[0] for p in pieces]
+    a = torch.cat([p.a.to(device=w.device, dtype=torch.float32) for p in pieces], 0)
+    b = torch.zeros(module.out_features, sum(ranks), device=w.device, dtype=torch.float32)
+    col = 0
+    for p, r in zip(pieces, ranks):
+        b[p.rows, col:col + r] = p.b.to(device=w.device, dtype=torch.float32) * p.scale
+        col += r
+    return a.to(w.dtype).contiguous(), b.to(w.dtype).contiguous()
+
+
+def _state(model) -> _State:
+    st = model.__dict__.get("_lora_state")
+    if st is None:
+        st = _State()
+        model.__dict__["_lora_state"] = st
+    return st
+
+
+class LoraMixin:
+    """load_lora / unmerge_lora / set_adapter / use_adapter / remove_lora, and `model(..., adapter=name)`."""
+
+    def load_lora(self, source, merge: bool = True, adapter_name: str | None = None,
+                  peft_adapter: str | None = None) -> str:
+        """Load a PEFT LoRA adapter (folder with adapter_config.json + adapter_model.safetensors, or a PeftModel).
+
+        merge=True: W <- round(W + scale * B @ A) in place, fp32 accumulation (ops.merge_lora); the original
+        weights are kept so `unmerge_lora()` restores them exactly. merge=False: keep it as the named unmerged
+        adapter `adapter_name` (default: the PeftModel's adapter name, or the folder's name), applied when active
+        (the first one loaded is the default; see set_adapter). peft_adapter: which adapter of a PeftModel to
+        read (default: its active one). Returns the name.
+        Raises (and changes nothing) on a bad adapter: see `plan`.
+        """
+        if not isinstance(merge, bool):
+            raise TypeError(f"load_lora: merge must be a bool, got {type(merge).__name__}")
+        if adapter_name is not None and (not isinstance(adapter_name, str) or not adapter_name):
+            raise ValueError(f"load_lora: adapter_name must be a non-empty str, got {adapter_name!r}")
+        config, state, name = read_adapter(source, peft_adapter)
+        name = adapter_name or name
+        st = _state(self)
+        if name in st.unmerged or name in st.merged:
+            raise ValueError(f"load_lora: an adapter named {name!r} is already loaded "
+                             f"({'merged' if name in st.merged else 'unmerged'}); pick another adapter_name")
+        pieces = plan(self, config, state)
+        by_module: dict[str, list[_Piece]] = {}
+        for p in pieces:
+            by_module.setdefault(p.module, []).append(p)
+        if merge:
+            new = {}
+            for mod_name, ps in by_module.items():  # compute everything first: a failure leaves the model as it was
+                w = self.get_submodule(mod_name).weight
+                merged = w.detach().clone()
+                for p in ps:
+                    merged[p.rows] = ops.merge_lora(w[p.rows], p.a.to(w.device), p.b.to(w.device), p.scale)
+                new[mod_name] = merged
+            with torch.no_grad():
+                for mod_name, merged in new.items():
+                    w = self.get_submodule(mod_name).weight
+                    st.originals.setdefault(mod_name, w.detach().clone())
+                    w.copy_(merged)
+            st.merged.append(name)
+            return name
+        combined = {m: _combine(self.get_submodule(m), ps) for m, ps in by_module.items()}
+        for mod_name, ab in combined.items():
+            module = self.get_submodule(mod_name)
+            module.__dict__.setdefault("_lora_adapters", {})[name] = ab
+            module.__dict__["_lora_state"] = st
+            if type(module) is Linear:
+                module.__class__ = LoraLinear
+        st.unmerged[name] = list(combined)
+        if st.default is None:
+            st.default = name
+        return name
+
+    def unmerge_lora(self) -> None:
+        """Restore every weight changed by merged adapters to its exact original value (unmerged adapters stay)."""
+        st = _state(self)
+        with torch.no_grad():
+            for mod_name, orig in st.originals.items():
+                w = self.get_submodule(mod_name).weight
+                w.copy_(orig.to(device=w.device, dtype=w.dtype))
+        st.originals.clear()
+        st.merged.clear()
+
+    def remove_lora(self, adapter_name: str | None = None) -> None:
+        """Drop one unmerged adapter (or all with None); modules left without adapters become plain Linear."""
+        st = _state(self)
+        names = list(st.unmerged) if adapter_name is None else [adapter_name]
+        for n in names:
+            if n not in st.unmerged:
+                raise ValueError(f"remove_lora: no unmerged adapter {n!r}; loaded: {sorted(st.unmerged)}")
+            for mod_name in st.unmerged.pop(n):
+                module = self.get_submodule(mod_name)
+                ads = module.__dict__.get("_lora_adapters", {})
+                ads.pop(n, None)
+                if not ads and type(module) is LoraLinear:
+                    module.__class__ = Linear
+                    module.__dict__.pop("_lora_adapters", None)
+                    module.__dict__.pop("_lora_state", None)
+            if st.default == n:
+                st.default = None
+
+    def _check_adapter(self, name) -> None:
+        if name is not None and name not in _state(self).unmerged:
+            raise ValueError(f"adapter {name!r} is not loaded unmerged; loaded: {sorted(_state(self).unmerged)}")
+
+    def set_adapter(self, adapter_name: str | None) -> None:
+        """The unmerged adapter used by calls that do not name one (None: no adapter)."""
+        self._check_adapter(adapter_name)
+        _state(self).default = adapter_name
+
+    @contextlib.contextmanager
+    def use_adapter(self, adapter_name: str | None):
+        """`with model.use_adapter("a"): model.encode(texts)` — this adapter (None: none) inside the block."""
+        self._check_adapter(adapter_name)
+        st = _state(self)
+        token = st.active.set(adapter_name)
+        try:
+            yield self
+        finally:
+            st.active.reset(token)
+
+    @property
+    def lora_adapters(self) -> dict[str, Any]:
+        st = _state(self)
+        return {"merged": list(st.merged), "unmerged": sorted(st.unmerged), "active": st.current()}
+
+    def __call__(self, *args, adapter=_KEEP, **kwargs):
+        if adapter is _KEEP:
+            return super().__call__(*args, **kwargs)
+        with self.use_adapter(adapter):
+            return super().__call__(*args, **kwargs)
+
+
+def load_lora(model, source, merge: bool = True, adapter_name: str | None = None,
+              peft_adapter: str | None = None) -> str:
+    """Function form of `model.load_lora` for any fastenc model (see LoraMixin.load_lora)."""
+    return LoraMixin.load_lora(model, source, merge=merge, adapter_name=adapter_name, peft_adapter=peft_adapter)
+
+
+def unmerge_lora(model) -> None:
+    LoraMixin.unmerge_lora(model)
