@@ -5,10 +5,12 @@
 namespace fastenc_cuda {
 namespace {
 
+// The tanh form uses 0.5*(1 + tanh(u)) = 1/(1 + exp(-2u)): with --use_fast_math, tanhf becomes tanh.approx
+// (about 11 bits), too coarse for fp32, while exp stays within a few ulp. Large |u| saturates to x or -0.
 __device__ __forceinline__ float gelu_f(float v, bool tanh_approx) {
   if (tanh_approx) {
-    const float inner = 0.7978845608028654f * (v + 0.044715f * v * v * v);
-    return 0.5f * v * (1.f + tanhf(inner));
+    const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+    return v / (1.f + expf(-2.f * u));
   }
   return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
 }
