@@ -216,7 +216,8 @@ def load(verbose: bool | None = None):
         cuda = with_cuda()
         srcs = sources(cuda)
         _clear_stale_build(build_dir())
-        print(f"fastenc: building the C++ extension ({'cpu+cuda' if cuda else 'cpu'}, {len(srcs)} sources) "
+        what = "cpu+cuda for " + ", ".join(f"sm_{a}" for a in cuda_archs()) if cuda else "cpu"
+        print(f"fastenc: building the C++ extension ({what}, {len(srcs)} sources) "
               f"in {build_dir()} ...", file=sys.stderr, flush=True)
         try:
             _MODULE = _load(
