@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 SOURCES = sorted(p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.cu"))
 ARCHS = ("sm_80", "sm_90")
-FLAGS = ["-O3", "--use_fast_math", "-std=c++17", "-DFASTENC_WITH_CUDA", "-Xptxas", "-v"]
+# torch's extension builds add the __CUDA_NO_HALF*__ defines: the kernels must not lean on implicit conversions.
+FLAGS = ["-O3", "--use_fast_math", "-std=c++17", "-DFASTENC_WITH_CUDA", "-D__CUDA_NO_HALF_OPERATORS__",
+         "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
+         "-Xptxas", "-v"]
 TIMEOUT_S = 240
 
 
