@@ -6,6 +6,7 @@
 #include <optional>
 #include <tuple>
 
+#include "cpu/attention.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/lora.h"
 
@@ -91,7 +92,36 @@ std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 // ---------------------------------------------------------------- attention (cpu)
-// (section owned by the attention op)
+// q, k, v: (total_tokens, heads, head_dim) fp32/fp16/bf16 -> out like q; the kernel computes in fp32.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+                 int64_t window_left, int64_t window_right, double scale) {
+  check_cpu(q, "q");
+  check_cpu(k, "k");
+  check_cpu(v, "v");
+  check_cpu(cu_seqlens, "cu_seqlens");
+  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "attention: q, k, v must be (total_tokens, heads, head_dim) of one shape, got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2,
+              "attention: cu_seqlens must be 1-D int32 of length batch+1");
+  TORCH_CHECK(window_left >= -1 && window_right >= -1, "attention: window sizes must be >= 0 or -1 (unbounded)");
+  Tensor cu = cu_seqlens.contiguous();
+  const int32_t* c = cu.data_ptr<int32_t>();
+  const int64_t batch = cu.numel() - 1, total = q.size(0);
+  TORCH_CHECK(c[0] == 0 && c[batch] == total, "attention: cu_seqlens must run from 0 to total_tokens=", total);
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(c[b + 1] >= c[b], "attention: cu_seqlens must be non-decreasing");
+  Tensor qf = f32(q), kf = f32(k), vf = f32(v);
+  Tensor out = at::empty_like(qf);
+  if (total > 0 && q.size(1) > 0 && q.size(2) > 0)
+    fastenc_cpu::attention_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
+                               out.data_ptr<float>(), c, batch, q.size(1), q.size(2), window_left, window_right,
+                               (float)scale, at::get_num_threads());
+  else
+    out.zero_();
+  (void)max_seqlen;  // the kernel reads lengths from cu_seqlens
+  return out.to(q.scalar_type());
+}
 
 // ---------------------------------------------------------------- lora (cpu)
 // merge_lora: W + scale * B @ A by the fp32 kernel in csrc/cpu/lora.cpp, rounded once to weight's dtype.
@@ -368,6 +398,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("geglu", &geglu, "gelu(x[:, :n]) * x[:, n:]");
   m.def("rope", &rope, "rotate-half RoPE of q and k");
   // attention (cpu) defs
+  m.def("attention", &attention, "varlen bidirectional attention (online softmax, window), fp32 math");
   // lora (cpu) defs
   m.def("merge_lora", &merge_lora, "W + scale * B @ A, fp32 accumulation, rounded once");
   m.def("lora_linear", &lora_linear, "x W^T + b + scale (x A^T) B^T via torch GEMMs, fp32");

@@ -13,6 +13,7 @@ import math
 import torch
 
 from fastenc import registry
+from fastenc.registry import _dt
 from fastenc.ops import _backends
 from fastenc.ops._common import check_float
 from fastenc.reference.attention import attention_varlen_ref
@@ -36,6 +37,33 @@ def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend
 
 
 _backends.reference(OP, _reference)
+
+
+def _head_dim(inputs) -> int:
+    return int(inputs["q"].shape[-1])
+
+
+def _triton_check(inputs) -> list[str]:
+    d = _head_dim(inputs)
+    if d % 8 or not 8 <= d <= 256:
+        return [f"head_dim must be a multiple of 8 in [8, 256], got {d}"]
+    return []
+
+
+def _cpu_check(inputs) -> list[str]:
+    d = _head_dim(inputs)
+    if not 1 <= d <= 256:
+        return [f"head_dim must be in [1, 256], got {d}"]
+    return []
+
+
+_backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
+                 limits="head_dim multiple of 8 <= 256; CUDA, CPU tensors under TRITON_INTERPRET=1")
+_backends.cpu(OP, "attention", check=_cpu_check, limits="head_dim <= 256, fp32 math")
+_backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16),
+               check=lambda i: [] if _head_dim(i) in (32, 64, 96, 128)
+               else [f"head_dim must be 32, 64, 96 or 128, got {_head_dim(i)}"],
+               limits="fp16/bf16, head_dim 32/64/96/128; FlashAttention-2 on tensor cores (sm_80+)")
 
 
 def _window(window) -> tuple[int, int]:
@@ -91,7 +119,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         raise ValueError(f"{OP}: q, k, v must have the same shape, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"{OP}: q, k, v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise ValueError(f"{OP}: q, k, v must have the same dtype, got q {_dt(q.dtype)}, k {_dt(k.dtype)}, "
+                         f"v {_dt(v.dtype)}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"{OP}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     wl, wr = _window(window)
@@ -121,6 +150,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     if max_seqlen is not None:
         raise ValueError(f"{OP}: max_seqlen goes with cu_seqlens (packed layout)")
     b, s, h, _ = q.shape
+    if q.numel() == 0:
+        return q.new_zeros(q.shape)
     if key_padding_mask is None:
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
         out = _run(q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d), cu, s, wl, wr,

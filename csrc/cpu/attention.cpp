@@ -1,0 +1,347 @@
+// Fused bidirectional attention on the CPU: FlashAttention-2's tiled online softmax (Dao, 2023) on packed
+// variable-length sequences with an optional sliding window; fp32 math, OpenMP over (sequence, head, query block).
+//
+// Per work item (sequence, head, query rows i0..i0+BM) and per key tile j0..j0+BN, in base 2 (q pre-scaled by
+// scale * log2 e, so e^(scale q.k) = 2^S):
+//   S^T  = K Q^T                        (BN x BM: one row per key, one register lane per query)
+//   S_ji = -inf where key j is outside the tile, the sequence or query i's window [i - left, i + right]
+//   m'_i = max(m_i, max_j S_ji);  P_ji = 2^(S_ji - m'_i);  alpha_i = 2^(m_i - m'_i)
+//   l_i  = alpha_i l_i + sum_j P_ji;  O_i = alpha_i O_i + sum_j P_ji v_j;  m_i = m'_i
+// and out_i = O_i / l_i at the end. Both products run one register-blocked micro-kernel (a row of one operand
+// broadcast against registers of the other). Working memory per thread: Q^T block, K, V, S tiles, O block.
+#include "attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+namespace fastenc_cpu {
+namespace {
+
+// One SIMD register of floats as a GCC vector type (zmm with AVX-512, ymm with AVX/AVX2, xmm otherwise).
+// Micro-tile: NR rows x NC registers (24 accumulators of the 32 zmm; 8 of the 16 ymm/xmm).
+#if defined(__AVX512F__)
+#define FASTENC_VW 16
+#define FASTENC_NR 6
+#define FASTENC_NC 4
+#elif defined(__AVX__)
+#define FASTENC_VW 8
+#define FASTENC_NR 4
+#define FASTENC_NC 2
+#else
+#define FASTENC_VW 4
+#define FASTENC_NR 4
+#define FASTENC_NC 2
+#endif
+constexpr int NR = FASTENC_NR, NC = FASTENC_NC;
+constexpr int VW = FASTENC_VW;
+typedef float vf __attribute__((vector_size(FASTENC_VW * 4)));
+typedef int32_t vi __attribute__((vector_size(FASTENC_VW * 4)));
+
+constexpr int64_t BM = 128;  // query rows per work item: the register lanes of S^T
+constexpr int64_t BN = 64;   // keys per tile
+static_assert(BM % VW == 0, "BM must be a whole number of registers");
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float M_INIT = -1e30f;  // finite running max: 2^(S - m) and 2^(m - m') never see inf - inf
+
+inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(vf));
+  return v;
+}
+inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof(vf)); }
+inline vf vset(float x) {  // broadcast (vf{} + x would cost an add: 0 + x is not x for x = -0)
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX__)
+  return _mm256_set1_ps(x);
+#else
+  return vf{x, x, x, x};
+#endif
+}
+inline vf vfma(vf a, vf b, vf c) {  // a * b + c in one rounding where the ISA has FMA
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline float hmax(vf a) {
+  float m = a[0];
+  for (int i = 1; i < VW; ++i) m = std::max(m, a[i]);
+  return m;
+}
+inline float hsum(vf a) {
+  float s = 0.f;
+  for (int i = 0; i < VW; ++i) s += a[i];
+  return s;
+}
+
+// 2^x for the softmax's x <= 0: x = n + f with n = round(x), |f| <= 1/2; 2^f = e^(f ln2) by its degree-7
+// Taylor polynomial (truncation < 6e-9 relative, below fp32 rounding); 2^n is written into the exponent
+// bits. x <= -127 (including -inf) gives exactly 0; NaN stays NaN.
+inline vf vexp2(vf x) {
+  const vf lo = vset(-127.f), hi = vset(127.f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const vf magic = vset(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer
+  const vf r = (x + magic) - magic;
+  const vf f = x - r;
+  vf p = vset(1.525273380405984e-05f);
+  p = vfma(p, f, vset(1.5403530393381606e-04f));
+  p = vfma(p, f, vset(1.3333558146428443e-03f));
+  p = vfma(p, f, vset(9.618129107628477e-03f));
+  p = vfma(p, f, vset(5.550410866482158e-02f));
+  p = vfma(p, f, vset(2.402265069591007e-01f));
+  p = vfma(p, f, vset(6.931471805599453e-01f));
+  p = vfma(p, f, vset(1.0f));
+  const vi bits = (__builtin_convertvector(r, vi) + 127) << 23;  // n = -127 -> all-zero bits = 0.0f
+  vf two_n;
+  std::memcpy(&two_n, &bits, sizeof(vf));
+  return p * two_n;
+}
+
+// The one micro-kernel, for both products:
+//   Out[r][c regs] = (ACC ? alpha[r] Out[r] : 0) + sum_t A(r, t) * B[t][c regs],   r < R, C registers from c0,
+// A(r, t) = A[r * ars + t * ats] broadcast from memory; B rows ldb floats apart, Out rows ldo floats apart.
+//   S^T = K Q^T:           A = K tile (ars = D, ats = 1),  B = Q^T (ldb = BM), t = feature
+//   O = alpha O + P V:     A = P^T   (ars = 1, ats = BM), B = V tile (ldb = Dp), t = key
+template <int R, int C, bool ACC>
+inline void micro(const float* A, int64_t ars, int64_t ats, const float* B, int64_t ldb, int64_t n, float* Out,
+                  int64_t ldo, const float* alpha, int64_t c0) {
+  vf acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    if constexpr (ACC) {
+      const vf a = vset(alpha[r]);
+      for (int c = 0; c < C; ++c) acc[r][c] = vload(Out + r * ldo + (c0 + c) * VW) * a;
+    } else {
+      for (int c = 0; c < C; ++c) acc[r][c] = vf{};
+    }
+  }
+  const float* bt = B + c0 * VW;
+  for (int64_t t = 0; t < n; ++t, bt += ldb, A += ats) {
+    vf bv[C];
+    for (int c = 0; c < C; ++c) bv[c] = vload(bt + c * VW);
+    for (int r = 0; r < R; ++r) {
+      const vf ab = vset(A[r * ars]);
+      for (int c = 0; c < C; ++c) acc[r][c] = vfma(ab, bv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) vstore(Out + r * ldo + (c0 + c) * VW, acc[r][c]);
+}
+
+struct Operands {
+  const float* A;
+  int64_t ars, ats;
+  const float* B;
+  int64_t ldb, n;
+  float* Out;
+  int64_t ldo;
+  const float* alpha;
+};
+
+// All `rows` rows of Out for register columns [c0, c0 + C): full NR-row tiles, then the remainder.
+template <int C, bool ACC>
+inline void micro_rows(const Operands& o, int64_t c0, int64_t rows) {
+  int64_t r = 0;
+  for (; r + NR <= rows; r += NR)
+    micro<NR, C, ACC>(o.A + r * o.ars, o.ars, o.ats, o.B, o.ldb, o.n, o.Out + r * o.ldo, o.ldo,
+                      ACC ? o.alpha + r : nullptr, c0);
+  const float* a = o.A + r * o.ars;
+  float* out = o.Out + r * o.ldo;
+  const float* al = ACC ? o.alpha + r : nullptr;
+  switch (rows - r) {
+#if FASTENC_NR > 5
+    case 5: micro<5, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 4: micro<4, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+#endif
+    case 3: micro<3, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 2: micro<2, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 1: micro<1, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    default: break;
+  }
+}
+
+// Out[rows x cols registers]: register columns in groups of NC, the last group narrower.
+template <bool ACC>
+inline void product(const Operands& o, int64_t rows, int64_t cols) {
+  for (int64_t c0 = 0; c0 < cols; c0 += NC) {
+    switch (std::min<int64_t>(NC, cols - c0)) {
+#if FASTENC_NC > 2
+      case 4: micro_rows<4, ACC>(o, c0, rows); break;
+      case 3: micro_rows<3, ACC>(o, c0, rows); break;
+#endif
+      case 2: micro_rows<2, ACC>(o, c0, rows); break;
+      default: micro_rows<1, ACC>(o, c0, rows); break;
+    }
+  }
+}
+
+struct Work {
+  float *qt, *st, *kp, *vp, *o, *m, *l, *alpha;
+  void* mem;
+};
+
+Work alloc_work(int64_t D, int64_t Dp) {
+  const int64_t sizes[] = {D * BM, BN * BM, BN * D, BN * Dp, BM * Dp, BM, BM, BM};
+  constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+  int64_t total = 0;
+  for (int64_t s : sizes) total += (s + 15) / 16 * 16;  // 64-byte aligned pieces
+  Work w{};
+  w.mem = std::aligned_alloc(64, total * sizeof(float));
+  float* p = static_cast<float*>(w.mem);
+  float** dst[n] = {&w.qt, &w.st, &w.kp, &w.vp, &w.o, &w.m, &w.l, &w.alpha};
+  for (int i = 0; i < n; ++i) {
+    *dst[i] = p;
+    p += (sizes[i] + 15) / 16 * 16;
+  }
+  return w;
+}
+
+struct Item {
+  int64_t start, len, i0, h;  // sequence start token and length, first query row of the block, head
+};
+
+}  // namespace
+
+void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
+                   int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
+                   float scale, int num_threads) {
+  const int64_t H = heads, D = head_dim, ld = H * D;
+  const int64_t Dp = (D + VW - 1) / VW * VW;  // V and O rows padded to whole registers
+  const float qscale = scale * LOG2E;
+
+  // Work items (sequence, head, query block): costliest sequences first so dynamic scheduling balances a
+  // varlen batch; consecutive items share a (sequence, head) so its K and V stay in cache.
+  std::vector<int64_t> order(batch);
+  auto seq_cost = [&](int64_t b) {
+    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
+    const int64_t span = std::min(len, (window_left < 0 || window_right < 0) ? len : window_left + window_right + 1);
+    return len * span;
+  };
+  for (int64_t b = 0; b < batch; ++b) order[b] = b;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return seq_cost(a) > seq_cost(b); });
+  std::vector<Item> items;
+  for (int64_t b : order) {
+    const int64_t start = cu_seqlens[b], len = cu_seqlens[b + 1] - cu_seqlens[b];
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i0 = 0; i0 < len; i0 += BM) items.push_back({start, len, i0, h});
+  }
+  const int64_t n_items = (int64_t)items.size();
+  if (n_items == 0) return;
+  const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+
+#pragma omp parallel num_threads(nt)
+  {
+    Work w = alloc_work(D, Dp);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const Item& blk = items[it];
+      const int64_t h = blk.h, len = blk.len, i0 = blk.i0;
+      const int64_t rows = std::min(BM, len - i0);
+      const int64_t qcols = (rows + VW - 1) / VW;  // query registers in use
+      const int64_t lanes = qcols * VW;
+      const float* qb = q + (blk.start + i0) * ld + h * D;
+
+      if (it + nt < n_items) {  // the item this thread likely takes next: fetch its Q rows into L2 meanwhile
+        const Item& nx = items[it + nt];
+        const float* qn = q + (nx.start + nx.i0) * ld + nx.h * D;
+        for (int64_t r = 0, nr = std::min(BM, nx.len - nx.i0); r < nr; ++r)
+          for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(qn + r * ld + d, 0, 2);
+      }
+      // Q^T block (D x BM), pre-scaled; query lanes past the sequence are zero (computed, never written).
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < D; ++d) w.qt[d * BM + r] = qb[r * ld + d] * qscale;
+      if (rows < lanes)
+        for (int64_t d = 0; d < D; ++d) std::fill(w.qt + d * BM + rows, w.qt + d * BM + lanes, 0.f);
+      std::fill(w.o, w.o + rows * Dp, 0.f);
+      std::fill(w.m, w.m + BM, M_INIT);
+      std::fill(w.l, w.l + BM, 0.f);
+
+      // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
+      const int64_t kb = window_left >= 0 ? std::max<int64_t>(0, i0 - window_left) : 0;
+      const int64_t ke = window_right >= 0 ? std::min(len, i0 + rows + window_right) : len;
+      for (int64_t j0 = kb; j0 < ke; j0 += BN) {
+        const int64_t nk = std::min(BN, ke - j0);
+        // K, V tiles copied to contiguous rows (rows heads*D apart would crowd a few cache sets); V rows
+        // zero-padded to Dp.
+        const float* kt = k + (blk.start + j0) * ld + h * D;
+        const float* vt = v + (blk.start + j0) * ld + h * D;
+        if (j0 + BN < ke) {  // ask for the next tile's rows now: strided rows defeat the hardware prefetcher
+          const int64_t nn = std::min(BN, ke - j0 - BN);
+          for (int64_t j = 0; j < nn; ++j)
+            for (int64_t d = 0; d < D; d += 16) {
+              __builtin_prefetch(kt + (BN + j) * ld + d);
+              __builtin_prefetch(vt + (BN + j) * ld + d);
+            }
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          std::memcpy(w.kp + j * D, kt + j * ld, D * sizeof(float));
+          std::memcpy(w.vp + j * Dp, vt + j * ld, D * sizeof(float));
+          if (Dp > D) std::fill(w.vp + j * Dp + D, w.vp + (j + 1) * Dp, 0.f);
+        }
+
+        // S^T = K Q^T (log2 units): one row per key, one lane per query.
+        product<false>({w.kp, D, 1, w.qt, BM, D, w.st, BM, nullptr}, nk, qcols);
+
+        // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
+        const bool masked = (window_left >= 0 && j0 < i0 + rows - 1 - window_left) ||
+                            (window_right >= 0 && j0 + nk - 1 > i0 + window_right);
+        if (masked) {
+          for (int64_t j = 0; j < nk; ++j) {
+            const int64_t ja = j0 + j;
+            int64_t lo = window_right >= 0 ? ja - window_right - i0 : 0;
+            int64_t hi = window_left >= 0 ? ja + window_left + 1 - i0 : lanes;
+            lo = std::clamp<int64_t>(lo, 0, lanes);
+            hi = std::clamp<int64_t>(hi, lo, lanes);
+            std::fill(w.st + j * BM, w.st + j * BM + lo, -INFINITY);
+            std::fill(w.st + j * BM + hi, w.st + j * BM + lanes, -INFINITY);
+          }
+        }
+
+        // Online softmax, one lane per query: m' = max(m, max_j S), P = 2^(S - m'), l = alpha l + sum_j P.
+        for (int64_t c = 0; c < qcols; ++c) {
+          float* st = w.st + c * VW;
+          vf mx = vset(-INFINITY);
+          for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(st + j * BM));
+          const vf m_old = vload(w.m + c * VW);
+          const vf m_new = vmax(m_old, mx);
+          const vf a = vexp2(m_old - m_new);
+          vf sum = vf{};
+          for (int64_t j = 0; j < nk; ++j) {
+            const vf p = vexp2(vload(st + j * BM) - m_new);
+            vstore(st + j * BM, p);
+            sum += p;
+          }
+          vstore(w.m + c * VW, m_new);
+          vstore(w.l + c * VW, vload(w.l + c * VW) * a + sum);
+          vstore(w.alpha + c * VW, a);
+        }
+
+        // O = alpha O + P V: one row per query, registers along the features.
+        product<true>({w.st, 1, BM, w.vp, Dp, nk, w.o, Dp, w.alpha}, rows, Dp / VW);
+      }
+
+      float* ob = out + (blk.start + i0) * ld + h * D;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = w.l[r] > 0.f ? 1.f / w.l[r] : 0.f;
+        for (int64_t d = 0; d < D; ++d) ob[r * ld + d] = w.o[r * Dp + d] * inv;
+      }
+    }
+    std::free(w.mem);
+  }
+}
+
+}  // namespace fastenc_cpu

@@ -1,0 +1,264 @@
+"""Triton fused bidirectional attention, FlashAttention-2 forward (Dao, 2023): one program per (query tile,
+head, sequence) loops over the key tiles of its band with the online softmax, never materializing seq x seq.
+
+Packed variable-length layout (FlashAttention's varlen convention): q, k, v, out (total_tokens, heads, head_dim),
+cu_seqlens int32 (batch + 1,). A sliding window (left, right) restricts query i to keys i-left..i+right and the
+loop to the tiles that intersect that band. fp16/bf16 operands go to tl.dot with fp32 accumulation (wgmma on
+sm_90, mma on sm_80); fp32 operands use IEEE fp32 dots (no TF32) to meet the fp32 tolerance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from fastenc.kernels._util import on_device
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attention_fwd_kernel(Q, K, V, O, CU, stride_t, stride_h, window_left, window_right, qk_scale,
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
+    # Program (query tile m, head h, sequence b). Base-2 online softmax over key tiles j, with
+    # s = q.k * scale * log2(e) (so e^(scale q.k) = 2^s):
+    #   m'   = max(m, rowmax(s_j))              running max
+    #   p    = 2^(s_j - m'),  alpha = 2^(m - m')
+    #   l    = alpha * l + rowsum(p)            running denominator
+    #   acc  = alpha * acc + p @ v_j            running numerator (fp32)
+    # out = acc / l. Keys outside the sequence or the window get s = -inf (p = 0).
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    start = tl.load(CU + b)
+    seqlen = tl.load(CU + b + 1) - start
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen
+    d_ok = offs_d < D
+    base = start.to(tl.int64) * stride_t + h * stride_h
+    q = tl.load(Q + base + offs_m[:, None].to(tl.int64) * stride_t + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # The band of keys any row of this tile can see.
+    lo = 0
+    hi = seqlen
+    if HAS_LEFT:
+        lo = tl.maximum(m0 - window_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N  # tile-aligned starts keep the loads aligned
+    if HAS_RIGHT:
+        hi = tl.minimum(m0 + BLOCK_M + window_right, seqlen)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + offs_n
+        col_ok = cols < hi
+        kt = tl.load(K + base + cols[None, :].to(tl.int64) * stride_t + offs_d[:, None],
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * qk_scale
+        keep = col_ok[None, :]
+        if HAS_LEFT:
+            keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
+        if HAS_RIGHT:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + window_right)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: keep p = 0, no NaN
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + base + cols[:, None].to(tl.int64) * stride_t + offs_d[None, :],
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc += tl.dot(p, v, input_precision="ieee")
+        else:
+            acc += tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    tl.store(O + base + offs_m[:, None].to(tl.int64) * stride_t + offs_d[None, :], out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Launch configuration of _attention_fwd_kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> AttentionConfig:
+    """Analytical choice per head dim and GPU generation (cc = major*10+minor; None = CPU interpreter).
+
+    The fp32 accumulator (BLOCK_M x BLOCK_D) and the q tile live in registers: wide heads get shorter query
+    tiles so nothing spills; sm_90 has the shared memory for deeper K/V pipelines than sm_80.
+    """
+    bd = triton.next_power_of_2(head_dim)
+    if cc is None:  # interpreter: few large tiles (its cost grows with the number of tile steps)
+        return AttentionConfig(64, 64, 4, 1)
+    if dtype == torch.float32:  # IEEE fp32 dots: twice the register and shared-memory footprint
+        return AttentionConfig(64, 32, 8, 2) if bd <= 64 else AttentionConfig(32, 32, 4, 2)
+    if cc >= 90:
+        if bd <= 64:
+            return AttentionConfig(128, 128, 8, 3)
+        if bd <= 128:
+            return AttentionConfig(128, 64, 8, 2)
+        return AttentionConfig(64, 64, 4, 2)
+    if bd <= 64:
+        return AttentionConfig(128, 64, 8, 3)
+    if bd <= 128:
+        return AttentionConfig(128, 32, 8, 2)
+    return AttentionConfig(64, 32, 4, 2)
+
+
+def candidate_configs(head_dim: int, dtype: torch.dtype, cc: int) -> list[AttentionConfig]:
+    """The autotuning space, filtered to what fits (keep() in the spirit of Triton's tutorial 06)."""
+    bd = triton.next_power_of_2(head_dim)
+    out = []
+    for bm in (64, 128):
+        for bn in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (1, 2, 3):
+                    elems = bm * bd + 2 * bn * bd * stages  # rough register + shared footprint
+                    if dtype == torch.float32 and bm * bd > 64 * 64 * 2:
+                        continue
+                    if elems <= 128 * 256 + 2 * 128 * 128 * 3 and not (bm == 128 and warps == 4 and bd > 64):
+                        out.append(AttentionConfig(bm, bn, warps, stages))
+    return out
+
+
+_CACHE_LOCK = threading.Lock()
+_TUNED: dict[str, AttentionConfig] | None = None
+
+
+def _cache_path() -> Path:
+    base = Path(os.environ.get("FASTENC_CACHE_DIR", Path.home() / ".cache" / "fastenc"))
+    return base / "attention_autotune.json"
+
+
+def _load_tuned() -> dict[str, AttentionConfig]:
+    global _TUNED
+    if _TUNED is None:
+        _TUNED = {}
+        try:
+            for key, cfg in json.loads(_cache_path().read_text()).items():
+                _TUNED[key] = AttentionConfig(**cfg)
+        except (OSError, ValueError, TypeError):
+            pass
+    return _TUNED
+
+
+def _autotune(key: str, run, head_dim: int, dtype: torch.dtype, cc: int) -> AttentionConfig:
+    """Time every candidate on the actual inputs once (triton.testing.do_bench) and cache the winner on disk."""
+    best, best_ms = None, math.inf
+    for cfg in candidate_configs(head_dim, dtype, cc):
+        try:
+            ms = triton.testing.do_bench(lambda: run(cfg), warmup=5, rep=20)
+        except Exception:  # out of resources for this GPU: not a candidate
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    best = best or default_config(head_dim, dtype, cc)
+    with _CACHE_LOCK:
+        tuned = _load_tuned()
+        tuned[key] = best
+        path = _cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({k: asdict(v) for k, v in tuned.items()}, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass
+    return best
+
+
+def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run) -> AttentionConfig:
+    d = q.shape[-1]
+    if not q.is_cuda:
+        return default_config(d, q.dtype, None)
+    major, minor = torch.cuda.get_device_capability(q.device)
+    cc = major * 10 + minor
+    if os.environ.get("FASTENC_AUTOTUNE", "0") in ("", "0"):
+        return default_config(d, q.dtype, cc)
+    key = f"sm{cc}|{str(q.dtype).replace('torch.', '')}|d{d}|s{triton.next_power_of_2(max(max_seqlen, 16))}|w{int(windowed)}"
+    tuned = _load_tuned().get(key)
+    return tuned if tuned is not None else _autotune(key, run, d, q.dtype, cc)
+
+
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                  window_left: int, window_right: int, scale: float,
+                  config: AttentionConfig | None = None) -> torch.Tensor:
+    """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
+    window -1 = unbounded. Returns out like q. `config` overrides the heuristic / autotuned choice."""
+    total, heads, d = q.shape
+    out = torch.empty_like(q)
+    batch = cu_seqlens.numel() - 1
+    if total == 0 or batch == 0:
+        return out.zero_()
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+
+    def run(cfg: AttentionConfig) -> None:
+        grid = (triton.cdiv(max(max_seqlen, 1), cfg.block_m), heads, batch)
+        _attention_fwd_kernel[grid](
+            q, k, v, out, cu, heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E,
+            D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    with on_device(q):
+        cfg = config or _choose(q, max_seqlen, window_left >= 0 or window_right >= 0, run)
+        run(cfg)
+    return out
+
+
+def compile_specs() -> list[dict]:
+    """Ahead-of-time compile configurations (see kernels/_compile.py; each is compiled for sm_90 and sm_80):
+    the heuristic's sm_90 / sm_80 launch configs for head dims 64 and 128 in fp16 and bf16, ModernBERT's
+    windowed bf16 case, and fp32."""
+    specs = []
+    cases = [("fp16", torch.float16, 64, False, 90), ("bf16", torch.bfloat16, 64, False, 80),
+             ("fp16", torch.float16, 128, False, 80), ("bf16", torch.bfloat16, 128, False, 90),
+             ("bf16", torch.bfloat16, 64, True, 90), ("bf16", torch.bfloat16, 64, True, 80),
+             ("fp32", torch.float32, 64, False, 90)]
+    for tname, dtype, d, windowed, cc in cases:
+        cfg = default_config(d, dtype, cc)
+        ptr = "*" + tname
+        specs.append({
+            "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}",
+            "fn": _attention_fwd_kernel,
+            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "CU": "*i32", "stride_t": "i32",
+                          "stride_h": "i32", "window_left": "i32", "window_right": "i32", "qk_scale": "fp32",
+                          "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
+                          "BLOCK_N": "constexpr", "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr",
+                          "IEEE": "constexpr"},
+            "constexprs": {"D": d, "BLOCK_D": triton.next_power_of_2(d), "BLOCK_M": cfg.block_m,
+                           "BLOCK_N": cfg.block_n, "HAS_LEFT": windowed, "HAS_RIGHT": windowed,
+                           "IEEE": dtype == torch.float32},
+            "divisible_by_16": ["stride_t", "stride_h"],
+            "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages,
+        })
+    return specs
