@@ -38,8 +38,13 @@ def cmd_info(args) -> int:
     for k, v in _versions():
         print(f"{k:>14}: {v}")
     ext = extension.status()
-    print(f"{'C++ extension':>14}: " + ("loaded" if extension.loaded() else ext if ext else
-                                        "not built yet: builds on first use of a cpu/cuda op (or `fastenc build`)"))
+    if extension.loaded():
+        m = extension.meta() or {}
+        detail = ", ".join(f"{k} {v}" for k, v in m.items() if k in ("torch", "cuda", "archs") and v)
+        print(f"{'C++ extension':>14}: loaded" + (f" (built for {detail})" if detail else ""))
+    else:
+        print(f"{'C++ extension':>14}: " + (ext if ext else
+                                            "not built yet: builds on first use of a cpu/cuda op (or `fastenc build`)"))
     rows = registry.info_table()
     w = max(len(r[0]) for r in rows)
     print()
