@@ -22,7 +22,7 @@ def _gelu_f32(x, APPROX_TANH: tl.constexpr):
     #        exp(-2u) overflows to inf for very negative x, giving x / inf = -0, the correct limit.
     if APPROX_TANH:
         u2 = 1.5957691216057308 * (x + 0.044715 * x * x * x)  # 2u, 2 * sqrt(2/pi) = 1.5957691216057308
-        y = x / (1.0 + tl.exp(-u2))
+        y = x / (1.0 + tl.exp(tl.minimum(-u2, 88.0)))  # clamp: exp(88) ~ 1.7e38 is finite, x / it ~ -0
     else:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     return y

@@ -13,49 +13,53 @@ from fastenc.kernels._util import on_device
 
 
 @triton.jit
-def _rope_heads(X, Y, t64, stride_xt, stride_xh, stride_yt, stride_yh, NH, c, s, sign, d, partner, rot,
-                D: tl.constexpr, BLOCK_H: tl.constexpr):
-    # One token's (NH, D) block: y[h, d] = x[h, d] * c[d] + sign[d] * x[h, partner(d)] * s[d]
-    h = tl.arange(0, BLOCK_H)[:, None]
-    hm = h < NH
-    x = tl.load(X + t64 * stride_xt + h * stride_xh + d, mask=hm & (d < D), other=0.0).to(tl.float32)
-    xp = tl.load(X + t64 * stride_xt + h * stride_xh + partner, mask=hm & rot, other=0.0).to(tl.float32)
-    y = x * c + sign * xp * s
-    tl.store(Y + t64 * stride_yt + h * stride_yh + d, y.to(Y.dtype.element_ty), mask=hm & (d < D))
-
-
-@triton.jit
-def _rope_fwd_kernel(Q, K, QO, KO, COS, SIN, POS, HQ, HK,
-                     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
-                     D: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):
-    # For token t at position p, frequency i < HALF (cos/sin rows are (P, HALF), fp32):
+def _rope_rows(X, Y, POS, COS, SIN, block, NH, NROWS, stride_xt, stride_xh, stride_yt, stride_yh,
+               D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # Rows r = token * NH + head of one tensor; for the token's position p and frequency i < HALF:
     #   y[i]        = x[i]        * cos[p, i] - x[i + HALF] * sin[p, i]
     #   y[i + HALF] = x[i + HALF] * cos[p, i] + x[i]        * sin[p, i]
     #   y[j]        = x[j]                          for 2*HALF <= j < D (partial rotary)
     # written uniformly as y[d] = x[d] * c[d] + sign[d] * x[partner(d)] * s[d] with c = 1, s = 0 past 2*HALF.
-    t = tl.program_id(0)
-    t64 = t.to(tl.int64)
-    p = tl.load(POS + t)
-    d = tl.arange(0, BLOCK_D)[None, :]
+    # The partner load re-reads the same row (L1 hit); cos/sin rows are gathered from the small fp32 table.
+    r = block * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]      # (BLOCK_R, 1)
+    rm = r < NROWS
+    tok = (r // NH).to(tl.int64)
+    head = r % NH
+    d = tl.arange(0, BLOCK_D)[None, :]                        # (1, BLOCK_D)
     rot = d < 2 * HALF
     first = d < HALF
     freq = tl.where(first, d, d - HALF)
     partner = tl.where(first, d + HALF, d - HALF)
     sign = tl.where(first, -1.0, 1.0)
-    c = tl.load(COS + p * HALF + freq, mask=rot, other=1.0)
-    s = tl.load(SIN + p * HALF + freq, mask=rot, other=0.0)
-    _rope_heads(Q, QO, t64, stride_qt, stride_qh, stride_qot, stride_qoh, HQ, c, s, sign, d, partner, rot,
-                D, BLOCK_HQ)
-    _rope_heads(K, KO, t64, stride_kt, stride_kh, stride_kot, stride_koh, HK, c, s, sign, d, partner, rot,
-                D, BLOCK_HK)
+    p = tl.load(POS + tok, mask=rm, other=0)
+    c = tl.load(COS + p * HALF + freq, mask=rm & rot, other=1.0)
+    s = tl.load(SIN + p * HALF + freq, mask=rm & rot, other=0.0)
+    src = X + tok * stride_xt + head * stride_xh
+    x = tl.load(src + d, mask=rm & (d < D), other=0.0).to(tl.float32)
+    xp = tl.load(src + partner, mask=rm & rot, other=0.0).to(tl.float32)
+    y = x * c + sign * xp * s
+    tl.store(Y + tok * stride_yt + head * stride_yh + d, y.to(Y.dtype.element_ty), mask=rm & (d < D))
 
 
-def rope_config(hq: int, hk: int, d: int) -> dict[str, int]:
+@triton.jit
+def _rope_fwd_kernel(Q, K, QO, KO, COS, SIN, POS, HQ, HK, ROWS_Q, ROWS_K, PROGS_Q,
+                     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh,
+                     D: tl.constexpr, HALF: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # One launch for both tensors: programs [0, PROGS_Q) rotate blocks of q's (token, head) rows, the rest k's.
+    pid = tl.program_id(0)
+    if pid < PROGS_Q:
+        _rope_rows(Q, QO, POS, COS, SIN, pid, HQ, ROWS_Q, stride_qt, stride_qh, stride_qot, stride_qoh,
+                   D, HALF, BLOCK_R, BLOCK_D)
+    else:
+        _rope_rows(K, KO, POS, COS, SIN, pid - PROGS_Q, HK, ROWS_K, stride_kt, stride_kh, stride_kot, stride_koh,
+                   D, HALF, BLOCK_R, BLOCK_D)
+
+
+def rope_config(d: int) -> dict[str, int]:
+    """(BLOCK_R rows x BLOCK_D) tiles of ~2048 elements, 16 per thread."""
     block_d = triton.next_power_of_2(max(d, 2))
-    bhq, bhk = triton.next_power_of_2(max(hq, 1)), triton.next_power_of_2(max(hk, 1))
-    warps = max(1, min(8, bhq * block_d // 512))
-    return {"BLOCK_D": block_d, "BLOCK_HQ": bhq, "BLOCK_HK": bhk, "num_warps": warps}
+    block_r = max(1, 2048 // block_d)
+    return {"BLOCK_D": block_d, "BLOCK_R": block_r, "num_warps": max(1, block_r * block_d // 512)}
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -75,13 +79,14 @@ def rope_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device) if k_out is None else k_out
     if t == 0 or d == 0:
         return qo, ko
-    cfg = rope_config(hq, hk, d)
+    cfg = rope_config(d)
+    rows_q, rows_k = t * hq, t * hk
+    progs_q, progs_k = triton.cdiv(rows_q, cfg["BLOCK_R"]), triton.cdiv(rows_k, cfg["BLOCK_R"])
     with on_device(q):
-        _rope_fwd_kernel[(t,)](q, k, qo, ko, cos, sin, positions, hq, hk,
-                               q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                               qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
-                               D=d, HALF=cos.shape[1], BLOCK_D=cfg["BLOCK_D"], BLOCK_HQ=cfg["BLOCK_HQ"],
-                               BLOCK_HK=cfg["BLOCK_HK"], num_warps=cfg["num_warps"])
+        _rope_fwd_kernel[(progs_q + progs_k,)](
+            q, k, qo, ko, cos, sin, positions, hq, hk, rows_q, rows_k, progs_q,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
+            D=d, HALF=cos.shape[1], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"])
     return qo, ko
 
 
@@ -91,17 +96,16 @@ def compile_specs() -> list[dict]:
     for name, dt, hq, hk, d, half in (("rope_bf16_12x64", "bf16", 12, 12, 64, 32),
                                       ("rope_fp16_32x128_gqa8", "fp16", 32, 8, 128, 64),
                                       ("rope_fp32_12x64_partial", "fp32", 12, 12, 64, 16)):
-        cfg = rope_config(hq, hk, d)
+        cfg = rope_config(d)
         p = "*" + dt
         sig = {"Q": p, "K": p, "QO": p, "KO": p, "COS": "*fp32", "SIN": "*fp32", "POS": "*i32",
-               "HQ": "i32", "HK": "i32"}
+               "HQ": "i32", "HK": "i32", "ROWS_Q": "i32", "ROWS_K": "i32", "PROGS_Q": "i32"}
         sig.update({a: "i32" for a in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_qot",
                                         "stride_qoh", "stride_kot", "stride_koh")})
-        sig.update({a: "constexpr" for a in ("D", "HALF", "BLOCK_D", "BLOCK_HQ", "BLOCK_HK")})
+        sig.update({a: "constexpr" for a in ("D", "HALF", "BLOCK_R", "BLOCK_D")})
         specs.append({
             "name": name, "fn": _rope_fwd_kernel, "signature": sig,
-            "constexprs": {"D": d, "HALF": half, "BLOCK_D": cfg["BLOCK_D"], "BLOCK_HQ": cfg["BLOCK_HQ"],
-                           "BLOCK_HK": cfg["BLOCK_HK"]},
+            "constexprs": {"D": d, "HALF": half, "BLOCK_R": cfg["BLOCK_R"], "BLOCK_D": cfg["BLOCK_D"]},
             "divisible_by_16": [a for a in sig if a.startswith("stride")],
             "num_warps": cfg["num_warps"], "num_stages": 1,
         })

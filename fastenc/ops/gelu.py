@@ -38,12 +38,13 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
     """gelu(x + bias). x: (..., N) fp32/fp16/bf16; bias: (N,) same dtype; approximate: 'none' | 'tanh'."""
     check_float("x", OP, x)
     approximate = check_approximate(OP, approximate)
+    shape = x.shape
     if x.dim() == 0:
         x = x.reshape(1)
     n = x.shape[-1]
     check_like("bias", OP, bias, x, shape=(n,))
     if x.numel() == 0:
-        return x.new_empty(x.shape)
+        return x.new_empty(shape)
     x2 = rows_view(x, n)
     impl = registry.select(OP, {"x": x2, "bias": bias}, backend)
-    return _gelu_op(x2, None if bias is None else bias.contiguous(), approximate, impl.backend).view(x.shape)
+    return _gelu_op(x2, None if bias is None else bias.contiguous(), approximate, impl.backend).view(shape)

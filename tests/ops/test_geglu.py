@@ -1,0 +1,84 @@
+"""geglu (..., 2N) -> (..., N) in ModernBERT's order: every backend against the fp32 reference."""
+import itertools
+
+import pytest
+import torch
+
+import fastenc
+from fastenc import registry, testing
+from fastenc.reference import geglu_ref
+
+OP = "geglu"
+BACKENDS = testing.backends_for(OP)
+# Last dim 2N with N odd-sized (384, 1000, 1152 as ModernBERT-base, 2100 spanning two column tiles).
+SHAPES = [(1, 768), (17, 2000), (2, 3, 2304), (3, 4200)]
+
+
+def _id(shape):
+    return "x".join(map(str, shape))
+
+
+def _extra(backend, dtype, ref):
+    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
+    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
+        return testing.bf16_ulp(ref)
+    return 0.0
+
+
+def _check(backend, x, approximate):
+    out = fastenc.ops.geglu(x, approximate=approximate, backend=backend)
+    ref = geglu_ref(x, approximate)
+    lowp = geglu_ref(x, approximate, upcast=False) if x.dtype != torch.float32 else None
+    assert out.dtype == x.dtype and out.shape == (*x.shape[:-1], x.shape[-1] // 2)
+    testing.assert_close(out, ref, lowp, extra=_extra(backend, x.dtype, ref))
+
+
+CASES = [pytest.param(be, dt, sh, ap, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-{ap}")
+         for be, dt, sh, ap in itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh"))]
+
+
+@pytest.mark.parametrize("backend,dtype,shape,approximate", CASES)
+def test_geglu(backend, dtype, shape, approximate):
+    x = testing.randn(*shape, dtype=dtype, device=testing.device_for(backend), scale=2.0)
+    _check(backend, x, approximate)
+
+
+def test_geglu_matches_modernbert_mlp():
+    """Order and activation as transformers' ModernBertMLP: input, gate = Wi(x).chunk(2); act(input) * gate."""
+    from transformers.activations import ACT2FN
+    from transformers import ModernBertConfig
+
+    act = ACT2FN[ModernBertConfig().hidden_activation]
+    x = testing.randn(5, 2 * 1152)
+    inp, gate = x.chunk(2, dim=-1)
+    expected = act(inp) * gate
+    for backend in BACKENDS:
+        testing.assert_close(fastenc.ops.geglu(x, backend=backend), expected, name=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_geglu_non_contiguous(backend):
+    dev = testing.device_for(backend)
+    _check(backend, testing.randn(2000, 9, device=dev).t(), "none")
+    _check(backend, testing.randn(9, 4000, device=dev)[:, ::2], "tanh")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 768), (2, 0, 2000), (3, 0)], ids=_id)
+def test_geglu_empty(backend, shape):
+    x = torch.empty(shape, device=testing.device_for(backend))
+    assert fastenc.ops.geglu(x, backend=backend).shape == (*shape[:-1], shape[-1] // 2)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_triton_writes_every_element(dtype):
+    """Output poisoned with NaN before the launch: an element the kernel forgets stays NaN and fails."""
+    from fastenc.kernels.geglu import geglu_fwd
+
+    x = testing.randn(5, 5000, dtype=dtype, device=testing.device_for("triton"))
+    y = testing.poison(x.new_empty(5, 2500))
+    geglu_fwd(x, "none", out=y)
+    ref = geglu_ref(x)
+    testing.assert_close(y, ref, geglu_ref(x, upcast=False) if dtype != torch.float32 else None,
+                         extra=_extra("triton", dtype, ref))

@@ -1,0 +1,93 @@
+"""gelu (exact erf and tanh forms, optional fused bias): every backend against the fp32 reference."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastenc
+from fastenc import registry, testing
+from fastenc.reference import gelu_ref
+
+OP = "gelu"
+BACKENDS = testing.backends_for(OP)
+# Odd widths; 4100 spans several column tiles of the Triton kernel; (2, 3, 1152) has extra leading dims.
+SHAPES = [(1, 384), (17, 1000), (2, 3, 1152), (3, 4100)]
+
+
+def _id(shape):
+    return "x".join(map(str, shape))
+
+
+def _extra(backend, dtype, ref):
+    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
+    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
+        return testing.bf16_ulp(ref)
+    return 0.0
+
+
+def _check(backend, x, bias, approximate):
+    out = fastenc.ops.gelu(x, bias, approximate=approximate, backend=backend)
+    ref = gelu_ref(x, bias, approximate)
+    lowp = gelu_ref(x, bias, approximate, upcast=False) if x.dtype != torch.float32 else None
+    assert out.dtype == x.dtype and out.shape == x.shape
+    testing.assert_close(out, ref, lowp, extra=_extra(backend, x.dtype, ref))
+
+
+CASES = [pytest.param(be, dt, sh, bias, ap, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-{ap}{'-bias' if bias else ''}")
+         for be, dt, sh, (bias, ap) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
+                                                         ((False, "none"), (True, "none"), (True, "tanh")))]
+
+
+@pytest.mark.parametrize("backend,dtype,shape,bias,approximate", CASES)
+def test_gelu(backend, dtype, shape, bias, approximate):
+    dev = testing.device_for(backend)
+    x = testing.randn(*shape, dtype=dtype, device=dev, scale=3.0)
+    b = testing.randn(shape[-1], dtype=dtype, device=dev) if bias else None
+    _check(backend, x, b, approximate)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_tails_and_specials(backend, approximate):
+    """Far tails (exp overflow/underflow in the tanh rewrite, erf saturation) and exact zeros, in fp32."""
+    dev = testing.device_for(backend)
+    x = torch.tensor([[-100.0, -30.0, -10.0, -5.5, -3.0, -1.27, -0.5, -1e-30, 0.0, 1e-30, 0.5, 1.27, 3.0, 5.5,
+                       10.0, 30.0, 100.0]], device=dev)
+    out = fastenc.ops.gelu(x, approximate=approximate, backend=backend)
+    testing.assert_close(out, F.gelu(x.double(), approximate=approximate).float())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gelu_non_contiguous(backend):
+    dev = testing.device_for(backend)
+    x = testing.randn(1000, 9, device=dev).t()
+    b = testing.randn(2000, device=dev)[::2]
+    assert not (x.is_contiguous() or b.is_contiguous())
+    _check(backend, x, b, "none")
+    _check(backend, x[:, ::3], None, "tanh")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0), ()], ids=lambda s: _id(s) or "scalar")
+def test_gelu_empty_and_scalar(backend, shape):
+    dev = testing.device_for(backend)
+    x = torch.randn(shape, device=dev)
+    out = fastenc.ops.gelu(x, backend=backend)
+    assert out.shape == x.shape
+    testing.assert_close(out, gelu_ref(x))
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_triton_writes_every_element(dtype):
+    """Output poisoned with NaN before the launch: an element the kernel forgets stays NaN and fails."""
+    from fastenc.kernels.gelu import gelu_fwd
+
+    dev = testing.device_for("triton")
+    x, b = testing.randn(5, 2500, dtype=dtype, device=dev), testing.randn(2500, dtype=dtype, device=dev)
+    y = testing.poison(torch.empty_like(x))
+    gelu_fwd(x, b, "none", out=y)
+    ref = gelu_ref(x, b)
+    testing.assert_close(y, ref, gelu_ref(x, b, upcast=False) if dtype != torch.float32 else None,
+                         extra=_extra("triton", dtype, ref))

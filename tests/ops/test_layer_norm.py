@@ -1,0 +1,116 @@
+"""layer_norm: every backend against the fp32 reference, with and without bias and fused residual add."""
+import itertools
+
+import pytest
+import torch
+
+import fastenc
+from fastenc import registry, testing
+from fastenc.reference import layer_norm_ref
+
+OP = "layer_norm"
+BACKENDS = testing.backends_for(OP)
+# (leading dims..., hidden): odd hidden sizes, one and several rows, extra leading dims; rows stay small
+# because the triton backend runs under the interpreter here.
+SHAPES = [(1, 384), (17, 1000), (3, 5, 1152)]
+
+
+def _id(shape):
+    return "x".join(map(str, shape))
+
+
+def _extra(backend, dtype, ref):
+    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
+    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
+        return testing.bf16_ulp(ref)
+    return 0.0
+
+
+def _as_tuple(v, n):
+    return v if isinstance(v, tuple) else (v,) * n if v is None else (v,)
+
+
+def _check(backend, x, w, b, r, eps=1e-5):
+    """Outputs (y, and h = x + r with a residual) against the fp32 reference, under the tolerance rule."""
+    out = fastenc.ops.layer_norm(x, w, b, eps=eps, residual=r, backend=backend)
+    ref = layer_norm_ref(x, w, b, eps, r)
+    lowp = layer_norm_ref(x, w, b, eps, r, upcast=False) if x.dtype != torch.float32 else None
+    n = 2 if r is not None else 1
+    for name, o, rf, lp in zip(("y", "h"), _as_tuple(out, n), _as_tuple(ref, n), _as_tuple(lowp, n)):
+        assert o.dtype == x.dtype and o.shape == x.shape
+        testing.assert_close(o, rf, lp, extra=_extra(backend, x.dtype, rf), name=name)
+
+
+CASES = [pytest.param(be, dt, sh, bias, res, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-{'bias' if bias else 'nobias'}"
+                                                  f"{'-res' if res else ''}")
+         for be, dt, sh, bias, res in itertools.product(BACKENDS, testing.DTYPES, SHAPES, (True, False), (False, True))]
+
+
+@pytest.mark.parametrize("backend,dtype,shape,bias,residual", CASES)
+def test_layer_norm(backend, dtype, shape, bias, residual):
+    dev = testing.device_for(backend)
+    hidden = shape[-1]
+    x = testing.randn(*shape, dtype=dtype, device=dev, scale=2.0) + 0.5  # non-zero mean
+    w = testing.randn(hidden, dtype=dtype, device=dev)
+    b = testing.randn(hidden, dtype=dtype, device=dev) if bias else None
+    r = testing.randn(*shape, dtype=dtype, device=dev) if residual else None
+    _check(backend, x, w, b, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=testing.dtype_id)
+def test_layer_norm_wide_row(backend, dtype):
+    """Hidden 20000 (> the fused block): the Triton kernel's chunked three-pass path."""
+    dev = testing.device_for(backend)
+    x = testing.randn(2, 20000, dtype=dtype, device=dev) + 3.0
+    r = testing.randn(2, 20000, dtype=dtype, device=dev)
+    _check(backend, x, testing.randn(20000, dtype=dtype, device=dev), testing.randn(20000, dtype=dtype, device=dev), r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_non_contiguous(backend):
+    dev = testing.device_for(backend)
+    x = testing.randn(1000, 9, device=dev).t()           # (9, 1000), column-major
+    r = testing.randn(9, 2000, device=dev)[:, ::2]        # strided rows
+    w = testing.randn(2000, device=dev)[::2]
+    b = testing.randn(3000, device=dev)[::3]
+    assert not (x.is_contiguous() or r.is_contiguous() or w.is_contiguous() or b.is_contiguous())
+    _check(backend, x, w, b, r)
+    _check(backend, x, w, None, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0)], ids=_id)
+def test_layer_norm_empty(backend, shape):
+    dev = testing.device_for(backend)
+    x = torch.empty(shape, device=dev)
+    w = torch.ones(shape[-1], device=dev)
+    y = fastenc.ops.layer_norm(x, w, backend=backend)
+    assert y.shape == x.shape
+    y, h = fastenc.ops.layer_norm(x, w, torch.zeros_like(w), residual=torch.empty(shape, device=dev), backend=backend)
+    assert y.shape == x.shape and h.shape == x.shape
+
+
+def test_layer_norm_eps_and_large_mean():
+    """A common offset 30x the spread must not leak into the variance (two-pass variance); eps=1e-12 as BERT uses."""
+    for backend in BACKENDS:
+        dev = testing.device_for(backend)
+        x = testing.randn(4, 384, device=dev) + 30.0
+        _check(backend, x, testing.randn(384, device=dev), testing.randn(384, device=dev), None, eps=1e-12)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_triton_writes_every_element(dtype):
+    """Outputs poisoned with NaN before the launch: an element the kernel forgets stays NaN and fails."""
+    from fastenc.kernels.layer_norm import layer_norm_fwd
+
+    dev = testing.device_for("triton")
+    x, r = (testing.randn(7, 1000, dtype=dtype, device=dev) for _ in range(2))
+    w, b = (testing.randn(1000, dtype=dtype, device=dev) for _ in range(2))
+    y, h = testing.poison(torch.empty_like(x)), testing.poison(torch.empty_like(x))
+    layer_norm_fwd(x, w, b, r, 1e-5, out=y, residual_out=h)
+    ref_y, ref_h = layer_norm_ref(x, w, b, 1e-5, r)
+    lp = layer_norm_ref(x, w, b, 1e-5, r, upcast=False) if dtype != torch.float32 else (None, None)
+    testing.assert_close(y, ref_y, lp[0], extra=_extra("triton", dtype, ref_y), name="y")
+    testing.assert_close(h, ref_h, lp[1], extra=_extra("triton", dtype, ref_h), name="h")

@@ -1,0 +1,81 @@
+"""torch.library.opcheck for every registered fastenc:: custom op on CPU (schema, fake kernel, autograd
+registration, AOT dispatch), once per CPU backend of the op (reference, and cpu where registered).
+
+Samples are keyed by the op's schema argument names, so an op registered without a sample here, or whose
+schema gains an argument the sample lacks, fails instead of going unchecked.
+"""
+import pytest
+import torch
+
+import fastenc.ops  # noqa: F401  (registers the ops)
+from fastenc import registry, testing
+
+
+def _cu(*lengths):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32)
+
+
+def _samples() -> dict[str, list[dict]]:
+    """op -> list of {argument name: value} (without `backend`); small odd shapes, fp32 and bf16."""
+    r = testing.randn
+    cos, sin = fastenc.ops.rope_cache(64, 32, 160000.0)
+    return {
+        "layer_norm": [
+            dict(x=r(5, 384), weight=r(384), bias=r(384), residual=r(5, 384), eps=1e-5),
+            dict(x=r(3, 1000, dtype=torch.bfloat16), weight=r(1000, dtype=torch.bfloat16), bias=None, residual=None,
+                 eps=1e-12),
+        ],
+        "rms_norm": [
+            dict(x=r(5, 384), weight=r(384), residual=r(5, 384), eps=1e-6),
+            dict(x=r(3, 1000, dtype=torch.float16), weight=r(1000, dtype=torch.float16), residual=None, eps=1e-6),
+        ],
+        "gelu": [
+            dict(x=r(5, 384), bias=r(384), approximate="none"),
+            dict(x=r(3, 1000, dtype=torch.bfloat16), bias=None, approximate="tanh"),
+        ],
+        "geglu": [dict(x=r(5, 768), approximate="none"), dict(x=r(3, 2000, dtype=torch.float16), approximate="tanh")],
+        "rope": [
+            dict(q=r(7, 3, 64), k=r(7, 1, 64), cos=cos, sin=sin, positions=torch.arange(7, dtype=torch.int32)),
+            dict(q=r(5, 2, 80, dtype=torch.bfloat16), k=r(5, 2, 80, dtype=torch.bfloat16), cos=cos[:, :16],
+                 sin=sin[:, :16], positions=torch.tensor([4, 0, 31, 2, 2], dtype=torch.int32)),
+        ],
+        "attention": [
+            dict(q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), cu_seqlens=_cu(4, 5), max_seqlen=5, window_left=-1,
+                 window_right=-1, scale=0.125),
+            dict(q=r(7, 3, 32, dtype=torch.bfloat16), k=r(7, 3, 32, dtype=torch.bfloat16),
+                 v=r(7, 3, 32, dtype=torch.bfloat16), cu_seqlens=_cu(7), max_seqlen=7, window_left=2, window_right=1,
+                 scale=32 ** -0.5),
+        ],
+        "merge_lora": [dict(weight=r(48, 40), lora_a=r(8, 40), lora_b=r(48, 8), scale=2.0)],
+        "lora_linear": [
+            dict(x=r(5, 40), weight=r(48, 40), bias=r(48), lora_a=r(8, 40), lora_b=r(48, 8), scale=0.5),
+            dict(x=r(3, 40), weight=r(48, 40), bias=None, lora_a=r(4, 40), lora_b=r(48, 4), scale=1.0),
+        ],
+    }
+
+
+def _cpu_backends(op):
+    return [b for b, impl in registry.impls(op).items() if b in ("reference", "cpu") and "cpu" in impl.devices]
+
+
+CASES = [pytest.param(op, be, id=f"{op}-{be}") for op in registry.ops() for be in _cpu_backends(op)]
+
+
+def test_every_op_has_a_cpu_backend():
+    assert {c.values[0] for c in CASES} == set(registry.ops())
+
+
+@pytest.mark.parametrize("op,backend", CASES)
+def test_opcheck(op, backend):
+    samples = _samples()
+    assert op in samples, f"fastenc::{op} has no opcheck sample in tests/ops/test_opcheck.py; add one"
+    custom = getattr(torch.ops.fastenc, op).default
+    names = [a.name for a in custom._schema.arguments]
+    for sample in samples[op]:
+        missing = [n for n in names if n != "backend" and n not in sample]
+        assert not missing, f"fastenc::{op} sample lacks arguments {missing} (schema: {custom._schema})"
+        args = tuple(backend if n == "backend" else sample[n] for n in names)
+        torch.library.opcheck(custom, args)

@@ -1,0 +1,98 @@
+"""rms_norm: every backend against the fp32 reference, with and without the fused residual add."""
+import itertools
+
+import pytest
+import torch
+
+import fastenc
+from fastenc import registry, testing
+from fastenc.reference import rms_norm_ref
+
+OP = "rms_norm"
+BACKENDS = testing.backends_for(OP)
+SHAPES = [(1, 384), (17, 1000), (3, 5, 1152), (2, 4096)]
+
+
+def _id(shape):
+    return "x".join(map(str, shape))
+
+
+def _extra(backend, dtype, ref):
+    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
+    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
+        return testing.bf16_ulp(ref)
+    return 0.0
+
+
+def _as_tuple(v, n):
+    return v if isinstance(v, tuple) else (v,) * n if v is None else (v,)
+
+
+def _check(backend, x, w, r, eps=1e-6):
+    out = fastenc.ops.rms_norm(x, w, eps=eps, residual=r, backend=backend)
+    ref = rms_norm_ref(x, w, eps, r)
+    lowp = rms_norm_ref(x, w, eps, r, upcast=False) if x.dtype != torch.float32 else None
+    n = 2 if r is not None else 1
+    for name, o, rf, lp in zip(("y", "h"), _as_tuple(out, n), _as_tuple(ref, n), _as_tuple(lowp, n)):
+        assert o.dtype == x.dtype and o.shape == x.shape
+        testing.assert_close(o, rf, lp, extra=_extra(backend, x.dtype, rf), name=name)
+
+
+CASES = [pytest.param(be, dt, sh, res, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}{'-res' if res else ''}")
+         for be, dt, sh, res in itertools.product(BACKENDS, testing.DTYPES, SHAPES, (False, True))]
+
+
+@pytest.mark.parametrize("backend,dtype,shape,residual", CASES)
+def test_rms_norm(backend, dtype, shape, residual):
+    dev = testing.device_for(backend)
+    x = testing.randn(*shape, dtype=dtype, device=dev, scale=2.0)
+    w = testing.randn(shape[-1], dtype=dtype, device=dev)
+    r = testing.randn(*shape, dtype=dtype, device=dev) if residual else None
+    _check(backend, x, w, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rms_norm_wide_row(backend):
+    """Hidden 20000 (> the fused block): the Triton kernel's chunked path."""
+    dev = testing.device_for(backend)
+    x, r = testing.randn(2, 20000, device=dev), testing.randn(2, 20000, device=dev)
+    _check(backend, x, testing.randn(20000, device=dev), r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rms_norm_non_contiguous(backend):
+    dev = testing.device_for(backend)
+    x = testing.randn(1000, 9, device=dev).t()
+    r = testing.randn(9, 2000, device=dev)[:, ::2]
+    w = testing.randn(2000, device=dev)[::2]
+    assert not (x.is_contiguous() or r.is_contiguous() or w.is_contiguous())
+    _check(backend, x, w, r)
+    _check(backend, x, w, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768)], ids=_id)
+def test_rms_norm_empty(backend, shape):
+    dev = testing.device_for(backend)
+    x = torch.empty(shape, device=dev)
+    assert fastenc.ops.rms_norm(x, torch.ones(shape[-1], device=dev), backend=backend).shape == x.shape
+    y, h = fastenc.ops.rms_norm(x, torch.ones(shape[-1], device=dev), residual=torch.empty(shape, device=dev),
+                                backend=backend)
+    assert y.shape == x.shape and h.shape == x.shape
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_triton_writes_every_element(dtype):
+    """Outputs poisoned with NaN before the launch: an element the kernel forgets stays NaN and fails."""
+    from fastenc.kernels.rms_norm import rms_norm_fwd
+
+    dev = testing.device_for("triton")
+    x, r = (testing.randn(7, 1000, dtype=dtype, device=dev) for _ in range(2))
+    w = testing.randn(1000, dtype=dtype, device=dev)
+    y, h = testing.poison(torch.empty_like(x)), testing.poison(torch.empty_like(x))
+    rms_norm_fwd(x, w, r, 1e-6, out=y, residual_out=h)
+    ref_y, ref_h = rms_norm_ref(x, w, 1e-6, r)
+    lp = rms_norm_ref(x, w, 1e-6, r, upcast=False) if dtype != torch.float32 else (None, None)
+    testing.assert_close(y, ref_y, lp[0], extra=_extra("triton", dtype, ref_y), name="y")
+    testing.assert_close(h, ref_h, lp[1], extra=_extra("triton", dtype, ref_h), name="h")

@@ -1,0 +1,160 @@
+"""rope: rotate-half rotary embedding of q and k, every backend against the fp32 reference and transformers."""
+import itertools
+
+import pytest
+import torch
+
+import fastenc
+from fastenc import registry, testing
+from fastenc.ops.rope import positions_from_cu_seqlens
+from fastenc.reference import rope_cache, rope_ref
+
+OP = "rope"
+BACKENDS = testing.backends_for(OP)
+# (batch, seq, heads_q, heads_k, head_dim, rotary_dim): ModernBERT heads (64), GQA, odd lengths, head dim 80
+# (not a power of two), partial rotary.
+SHAPES = [(1, 1, 3, 3, 64, 64), (2, 17, 4, 2, 64, 64), (1, 33, 2, 2, 80, 80), (2, 9, 3, 1, 64, 32)]
+
+
+def _id(s):
+    b, n, hq, hk, d, r = s
+    return f"{b}x{n}x{hq}/{hk}x{d}" + (f"r{r}" if r != d else "")
+
+
+def _extra(backend, dtype, ref):
+    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
+    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
+        return testing.bf16_ulp(ref)
+    return 0.0
+
+
+def _flat_positions(q, position_ids, cu_seqlens):
+    if cu_seqlens is not None:
+        return positions_from_cu_seqlens(cu_seqlens, q.shape[0])
+    if position_ids is not None:
+        if q.dim() == 4 and position_ids.dim() == 1:
+            position_ids = position_ids.expand(q.shape[0], -1)
+        return position_ids.reshape(-1)
+    seq = q.shape[1] if q.dim() == 4 else q.shape[0]
+    return torch.arange(seq, device=q.device).repeat(q.shape[0] if q.dim() == 4 else 1)
+
+
+def _check(backend, q, k, cos, sin, position_ids=None, cu_seqlens=None):
+    qo, ko = fastenc.ops.rope(q, k, cos, sin, position_ids=position_ids, cu_seqlens=cu_seqlens, backend=backend)
+    pos = _flat_positions(q, position_ids, cu_seqlens)
+    d = q.shape[-1]
+    q3, k3 = q.reshape(-1, q.shape[-2], d), k.reshape(-1, k.shape[-2], d)
+    ref = rope_ref(q3, k3, cos, sin, pos)
+    lowp = rope_ref(q3, k3, cos, sin, pos, upcast=False) if q.dtype != torch.float32 else (None, None)
+    for name, o, x, r, lp in zip(("q", "k"), (qo, ko), (q, k), ref, lowp):
+        assert o.shape == x.shape and o.dtype == x.dtype
+        testing.assert_close(o.reshape(r.shape), r, lp, extra=_extra(backend, x.dtype, r), name=name)
+
+
+# ModernBERT's two thetas: 10000 (local layers) with the 4-D layout, 160000 (global) with packed tokens; the
+# position_ids and transformers tests below cover the other pairings.
+CASES = [pytest.param(be, dt, sh, theta, layout, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-theta{int(theta)}-{layout}")
+         for be, dt, sh, (theta, layout) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
+                                                              ((10000.0, "bshd"), (160000.0, "packed")))]
+
+
+@pytest.mark.parametrize("backend,dtype,shape,theta,layout", CASES)
+def test_rope(backend, dtype, shape, theta, layout):
+    """4-D layout with default positions (0..seq-1 per row) or packed tokens with cu_seqlens."""
+    dev = testing.device_for(backend)
+    b, n, hq, hk, d, rot = shape
+    cos, sin = rope_cache(rot, 256, theta, device=dev)
+    q = testing.randn(b, n, hq, d, dtype=dtype, device=dev)
+    k = testing.randn(b, n, hk, d, dtype=dtype, device=dev)
+    if layout == "bshd":
+        _check(backend, q, k, cos, sin)
+    else:
+        lengths = [n, max(1, n // 2), 1][: b + 1]
+        cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=dev)
+        total = int(cu[-1])
+        _check(backend, testing.randn(total, hq, d, dtype=dtype, device=dev),
+               testing.randn(total, hk, d, dtype=dtype, device=dev), cos, sin, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=testing.dtype_id)
+def test_rope_position_ids(backend, dtype):
+    """Explicit positions: per-row (batch, seq), shared (seq,), packed (tokens,), int32 and int64, up to P-1."""
+    dev = testing.device_for(backend)
+    cos, sin = rope_cache(64, 512, 160000.0, device=dev)
+    q, k = testing.randn(2, 7, 3, 64, dtype=dtype, device=dev), testing.randn(2, 7, 1, 64, dtype=dtype, device=dev)
+    pid = torch.randint(0, 512, (2, 7), device=dev)
+    pid[0, 0] = 511
+    _check(backend, q, k, cos, sin, position_ids=pid)
+    _check(backend, q, k, cos, sin, position_ids=torch.arange(100, 107, dtype=torch.int32, device=dev))
+    _check(backend, q[0], k[0], cos, sin, position_ids=pid[1].to(torch.int32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_non_contiguous(backend):
+    """q and k as views into a fused QKV projection (strided, not contiguous)."""
+    dev = testing.device_for(backend)
+    qkv = testing.randn(2, 9, 3, 4, 64, device=dev)
+    q, k = qkv[:, :, 0], qkv[:, :, 1]
+    assert not (q.is_contiguous() or k.is_contiguous())
+    cos, sin = rope_cache(64, 64, 10000.0, device=dev)
+    _check(backend, q, k, cos, sin)
+    _check(backend, q.reshape(18, 4, 64)[::2], k.reshape(18, 4, 64)[::2], cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_empty(backend):
+    dev = testing.device_for(backend)
+    cos, sin = rope_cache(64, 16, device=dev)
+    for shape in [(0, 4, 64), (2, 0, 4, 64)]:
+        qo, ko = fastenc.ops.rope(torch.empty(shape, device=dev), torch.empty(shape, device=dev), cos, sin,
+                                  backend=backend)
+        assert qo.shape == shape and ko.shape == shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("theta,layer_type", [(160000.0, "full_attention"), (10000.0, "sliding_attention")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=testing.dtype_id)
+def test_rope_matches_transformers(backend, theta, layer_type, dtype):
+    """Same result as ModernBERT's rotary embedding + transformers' apply_rotary_pos_emb (global and local theta)."""
+    from transformers import ModernBertConfig
+    from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding, apply_rotary_pos_emb
+
+    cfg = ModernBertConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=3, intermediate_size=64)
+    assert cfg.rope_parameters[layer_type]["rope_theta"] == theta
+    b, n, h, d = 2, 19, 4, 64
+    q, k = testing.randn(b, n, h, d, dtype=dtype), testing.randn(b, n, h, d, dtype=dtype)
+    pid = torch.arange(n)[None].expand(b, -1)
+    hf_cos, hf_sin = ModernBertRotaryEmbedding(cfg)(q.float(), pid, layer_type)  # fp32 tables
+    # transformers' layout is (batch, heads, seq, dim); unsqueeze_dim=1 broadcasts cos over heads.
+    hq, hk = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), hf_cos, hf_sin, unsqueeze_dim=1)
+    cos, sin = rope_cache(d, 64, theta)
+    torch.testing.assert_close(cos[:n], hf_cos[0, :, : d // 2].float(), rtol=0, atol=1e-6)
+    dev = testing.device_for(backend)
+    qo, ko = fastenc.ops.rope(q.to(dev), k.to(dev), cos.to(dev), sin.to(dev), position_ids=pid.to(dev),
+                              backend=backend)
+    ref = rope_ref(q.reshape(-1, h, d), k.reshape(-1, h, d), cos, sin, pid.reshape(-1))
+    for o, hf, r in ((qo, hq, ref[0]), (ko, hk, ref[1])):
+        hf = hf.transpose(1, 2)
+        # both round once from fp32: equal up to one rounding of the output dtype (+ fp32 noise)
+        testing.assert_close(o.cpu(), hf.float(), None, dtype=torch.float32,
+                             extra=0.0 if dtype == torch.float32 else 2 * float(hf.float().abs().max()) * 2.0 ** -11
+                             + _extra(backend, dtype, r))
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_triton_writes_every_element(dtype):
+    """Outputs poisoned with NaN before the launch (partial rotary, GQA): an unwritten element fails."""
+    from fastenc.kernels.rope import rope_fwd
+
+    dev = testing.device_for("triton")
+    q, k = testing.randn(5, 3, 80, dtype=dtype, device=dev), testing.randn(5, 1, 80, dtype=dtype, device=dev)
+    cos, sin = rope_cache(48, 16, device=dev)
+    pos = torch.tensor([3, 0, 15, 7, 7], dtype=torch.int32, device=dev)
+    qo, ko = testing.poison(torch.empty_like(q)), testing.poison(torch.empty_like(k))
+    rope_fwd(q, k, cos, sin, pos, q_out=qo, k_out=ko)
+    ref = rope_ref(q, k, cos, sin, pos)
+    lowp = rope_ref(q, k, cos, sin, pos, upcast=False) if dtype != torch.float32 else (None, None)
+    testing.assert_close(qo, ref[0], lowp[0], extra=_extra("triton", dtype, ref[0]), name="q")
+    testing.assert_close(ko, ref[1], lowp[1], extra=_extra("triton", dtype, ref[1]), name="k")
