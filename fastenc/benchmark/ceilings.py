@@ -12,8 +12,10 @@ from fastenc.benchmark import timing
 
 
 def copy_bandwidth(device: str = "cpu", quick: bool = False) -> dict:
-    """GB/s of `dst.copy_(src)` on a buffer far larger than the last-level cache (256 MiB; 64 MiB quick)."""
-    mib = 64 if quick else 256
+    """GB/s of `dst.copy_(src)` on a buffer far larger than the last-level cache (256 MiB; 1 GiB on CUDA).
+
+    Kernels whose working set stays in cache can exceed this DRAM ceiling (fraction > 1)."""
+    mib = 256
     if torch.device(device).type == "cuda":
         mib = 1024
     n = mib * 2**20 // 4

@@ -30,6 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated providers to keep (kernels: e.g. cpu,reference,torch-eager,torch-compile; "
                         "models: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
+    p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
     p.set_defaults(func=run)
     return p
@@ -63,10 +64,10 @@ def run(args) -> int:
     if args.what == "kernels":
         res = suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                   shapes=_split(args.shapes), providers=_split(args.providers),
-                                  compile_ref=not args.no_compile, plots=not args.no_plots)
+                                  compile_ref=not args.no_compile, plots=not args.no_plots, note=args.note)
     else:
         res = suite.bench_models(device, dtype, quick=args.quick, out=out, models=_split(args.models),
                                  providers=_split(args.providers), compile_hf=not args.no_compile,
-                                 plots=not args.no_plots)
+                                 plots=not args.no_plots, note=args.note)
     print(f"\nwrote {', '.join(str(p) for p in res['files'])} in {time.perf_counter() - t0:.0f} s")
     return 0

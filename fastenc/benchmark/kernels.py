@@ -193,6 +193,13 @@ class Setup:
     fastenc: dict[str, Callable[[], object]]
     others: dict[str, Callable[[], object]]
     skipped: dict[str, str]
+    canon: dict[str, Callable[[object], torch.Tensor]] = field(default_factory=dict)
+
+    def output(self, name: str, out) -> torch.Tensor:
+        """A provider's output in the fastenc layout (first output; packed tokens for attention)."""
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        return self.canon[name](out) if name in self.canon else out
 
 
 def _compile(fn: Callable, *args):
@@ -208,6 +215,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
     fx: dict[str, Callable] = {}
     others: dict[str, Callable] = {}
     skipped: dict[str, str] = {}
+    canon: dict[str, Callable] = {}
     ops = fastenc.ops
     if case.op == "layer_norm":
         h = d["hidden"]
@@ -280,6 +288,9 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         kpm = _pad_mask(case.lengths, dev)
         q4, k4, v4 = (_pad(t, case.lengths) for t in (q, k, v))
         ref = (reference.attention_ref, q4, k4, v4, kpm, (-1, -1) if win is None else (win, win))
+        canon["torch-compile"] = lambda o: o[kpm]  # (b, s, h, d) padded -> packed
+        for n in ("torch-sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
+            canon[n] = lambda o: o.transpose(1, 2)[kpm]
     elif case.op == "merge_lora":
         o, i, r = d["out"], d["in"], d["r"]
         w = _rand(o, i, device=dev, dtype=dtype, gen=g)
@@ -315,7 +326,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         skipped["torch-compile"] = "no reference function to compile"
     if dev.type == "cuda":
         _liger(case, others, skipped, locals())
-    return Setup(fx, others, skipped)
+    return Setup(fx, others, skipped, canon)
 
 
 def _sdpa_backends(others, skipped, qp, kp, vp, mask):
@@ -380,13 +391,17 @@ def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, qui
     nbytes, flops = work(case, dtype)
     rows: list[dict] = []
     good: dict[str, Callable] = {}
-    for name, fn in fns.items():  # first call outside timing: builds, compiles, and catches failures
+    outs: dict[str, torch.Tensor] = {}
+    for name, fn in fns.items():  # first call outside timing: builds, compiles, catches failures, keeps the output
         try:
-            fn()
+            outs[name] = st.output(name, fn()).detach().float()
             timing.sync(device)
             good[name] = fn
         except Exception as e:
             st.skipped[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    ref_out = outs.get("fastenc-reference")
+    if ref_out is None:
+        ref_out = st.output("fastenc-reference", st.fastenc["reference"]()).detach().float() if "reference" in st.fastenc else None
     samples = timing.interleaved(good, device, warmup=warmup, repeats=5 if quick else 10,
                                  min_time_s=0.3 if quick else 1.0, max_repeats=50 if quick else 200)
     bw = ceilings.get("copy_bandwidth", {}).get("value", float("nan"))
@@ -402,6 +417,9 @@ def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, qui
         tflops = flops / sec / 1e12
         frac = gbs / bw if bound(case) == "memory" else tflops / gemm
         row = dict(base, provider=name, **stats.as_dict(), gb_s=gbs, tflop_s=tflops, frac_of_ceiling=frac)
+        o = outs.get(name)
+        if ref_out is not None and o is not None and o.shape == ref_out.shape:
+            row["max_abs_err_vs_reference"] = float((o - ref_out).abs().max())
         for b in ("torch-eager", "torch-sdpa", "torch-compile"):
             if b in medians:
                 row[f"speedup_vs_{b.replace('torch-', '')}"] = medians[b] / stats.median_ms

@@ -53,6 +53,10 @@ def metadata(device: str, dtype: torch.dtype, quick: bool) -> dict:
     """Machine (CPU model, cores, threads, GPU), versions and commit, recorded with every result file."""
     machine = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
                "platform": platform.platform(), "python": platform.python_version()}
+    try:
+        machine["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]  # other work sharing the cores
+    except OSError:
+        pass
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
         machine["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)"
@@ -139,7 +143,7 @@ def plot_bars(path: Path, groups: list[str], providers: list[str], values: dict[
     if plt is None or not groups or not providers:
         return None
     width = 0.8 / len(providers)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(providers)) * 0.35 + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(min(18.0, max(6.5, 1.1 * len(groups) + 2)), 5))
     for i, p in enumerate(providers):
         xs = [g_i + i * width - 0.4 + width / 2 for g_i in range(len(groups))]
         ys = [values.get((g, p), float("nan")) for g in groups]
@@ -213,7 +217,8 @@ def _md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
 def _machine_line(d: dict) -> str:
     m, v = d["machine"], d["versions"]
     where = m.get("gpu") if d["device"].startswith("cuda") else m["cpu"]
-    return (f"{where}, {m['cpu_count']} cores, {m['threads']} threads; torch {v['torch']}, transformers "
+    load = f" (load average {m['loadavg_at_start'][0]:.1f} at start)" if m.get("loadavg_at_start") else ""
+    return (f"{where}, {m['cpu_count']} cores{load}, {m['threads']} threads; torch {v['torch']}, transformers "
             f"{v['transformers']}, onnxruntime {v['onnxruntime']}; {d['dtype']}; commit `{d['commit'][:12]}`; {d['date']}")
 
 
@@ -226,8 +231,12 @@ def results_markdown(folder: Path) -> str:
         parts += [f"Models (`fastenc bench models{' --quick' if d['quick'] else ''}`): {_machine_line(d)}.",
                   f"Workloads: {d['workloads']['fixed']}; variable length: {d['workloads']['varlen']}. "
                   "Ratios are fastenc's throughput over the baseline's, measured in the same run "
-                  "(providers interleaved, medians).", ""]
-        cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("throughput", "tokens/s"),
+                  "(providers interleaved, medians). Peak memory: growth of the process's resident set during one "
+                  "fixed-workload call (CPU) or max_memory_allocated (CUDA).", ""]
+        if d.get("note"):
+            parts += [f"Note: {d['note']}", ""]
+        cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("throughput", "throughput"),
+                ("unit", "unit"),
                 ("latency_p50_ms", "batch-1 p50 ms"), ("latency_p95_ms", "p95 ms"), ("peak_mem_mib", "peak MiB"),
                 ("max_abs_err_vs_transformers", "max abs err")]
         rows = d["rows"]
@@ -246,6 +255,8 @@ def results_markdown(folder: Path) -> str:
         parts += [f"Kernels (`fastenc bench kernels{' --quick' if d['quick'] else ''}`): {_machine_line(d)}. "
                   f"Ceilings measured in the same run: copy {c['copy_bandwidth']['value']:.3g} GB/s, "
                   f"GEMM {c['gemm_rate']['value'] * 1e3:.3g} GFLOP/s.", ""]
+        if d.get("note"):
+            parts += [f"Note: {d['note']}", ""]
         timed = [r for r in d["rows"] if "median_ms" in r]
         cols = [("op", "op"), ("shape", "shape"), ("provider", "provider"), ("median_ms", "median ms"),
                 ("gb_s", "GB/s"), ("tflop_s", "TFLOP/s"), ("frac_of_ceiling", "of ceiling"),
@@ -254,4 +265,27 @@ def results_markdown(folder: Path) -> str:
         parts += [_md_table(timed, cols), ""]
         if (folder / "kernels_roofline.png").exists():
             parts += ["![kernel roofline](kernels_roofline.png)", ""]
+    parts += [RUNNING]
     return "\n".join(parts)
+
+
+RUNNING = """### Running the benchmarks
+
+```bash
+pip install -e ".[bench]"                      # pytest-benchmark, matplotlib, onnxruntime, onnx, onnxscript
+fastenc bench models --quick --out bench/results   # BERT-base, both workloads, vs transformers sdpa and ONNX Runtime
+fastenc bench kernels --quick --out bench/results  # one model shape per op, vs torch eager and torch.compile
+fastenc bench models --out DIR                 # all four models, + transformers eager and torch.compile
+fastenc bench kernels --out DIR                # every model shape and the long-sequence sweep
+fastenc bench report --out DIR                 # this page (RESULTS.md) from DIR/models.json and DIR/kernels.json
+pytest bench/ --benchmark-only                 # kernels through pytest-benchmark, one group per op
+```
+
+On a GPU: `pip install -e ".[bench,gpu]"` (flash-attn; `pip install liger-kernel` adds Liger's norms as a peer), then
+`fastenc bench kernels --device cuda --dtype bf16 --out DIR` (adds the cuda and triton backends and the torch SDPA
+flash / memory-efficient / cuDNN backends), `fastenc bench models --device cuda --dtype bf16 --out DIR` (ONNX Runtime
+is a CPU-only baseline and is skipped there), and `pytest bench/ --benchmark-only --bench-device cuda --bench-dtype bf16`.
+GPU times come from CUDA events after warm-up; CPU times from a monotonic clock over repeats. Providers are
+interleaved round by round and every row reports the median with the 0.2/0.8 quantiles; the JSON records the
+machine, versions and commit. Options: `--threads N`, `--ops`, `--shapes`, `--models`, `--providers`, `--no-compile`.
+"""

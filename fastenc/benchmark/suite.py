@@ -19,11 +19,12 @@ def _log(msg: str) -> None:
 
 
 def bench_kernels(device: str, dtype: torch.dtype, *, quick: bool, out: Path, ops=None, shapes=None,
-                  providers=None, compile_ref: bool = True, plots: bool = True) -> dict:
+                  providers=None, compile_ref: bool = True, plots: bool = True, note: str | None = None) -> dict:
     cases = _kernels.select_cases(quick, ops, shapes)
     if not cases:
         raise ValueError("fastenc bench kernels: no case matches --ops/--shapes")
     meta = report.metadata(device, dtype, quick)
+    meta["note"] = note
     t0 = time.perf_counter()
     _log(f"measuring this machine's ceilings on {device} ...")
     ceil = _ceilings.measure(device, dtype, quick)
@@ -51,7 +52,7 @@ def kernel_table(rows: list[dict]) -> str:
     cols = [("op", "op"), ("shape", "shape"), ("provider", "provider"), ("median_ms", "median ms"),
             ("q20_ms", "q20"), ("q80_ms", "q80"), ("gb_s", "GB/s"), ("tflop_s", "TFLOP/s"),
             ("frac_of_ceiling", "of ceiling"), ("speedup_vs_eager", "x eager"), ("speedup_vs_sdpa", "x sdpa"),
-            ("speedup_vs_compile", "x compile")]
+            ("speedup_vs_compile", "x compile"), ("max_abs_err_vs_reference", "max err")]
     text = report.table(timed, cols)
     skipped = [r for r in rows if "skipped" in r]
     if skipped:
@@ -69,13 +70,13 @@ def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
     vals = {(f"{r['op']}\n{r['shape']}", r["provider"]): r["frac_of_ceiling"] for r in timed}
     where = f"{meta['machine']['cpu'] if meta['device'] == 'cpu' else meta['machine'].get('gpu', meta['device'])}, {meta['dtype']}"
     return [report.plot_bars(out / "kernels_throughput.png", groups, provs, vals,
-                             "fraction of measured ceiling (copy GB/s or GEMM TFLOP/s)",
+                             "fraction of measured ceiling\n(copy GB/s or GEMM FLOP/s)",
                              f"fastenc kernels vs baselines ({where})"),
             report.plot_roofline(out / "kernels_roofline.png", timed, ceil, f"kernel roofline ({where})")]
 
 
 def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
-                 compile_hf: bool = True, plots: bool = True) -> dict:
+                 compile_hf: bool = True, plots: bool = True, note: str | None = None) -> dict:
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
@@ -88,6 +89,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
         wanted = ["fastenc", "hf-eager", "hf-sdpa"] + (["hf-compile"] if compile_hf else []) + ["onnxruntime"]
     threads = torch.get_num_threads()
     meta = report.metadata(device, dtype, quick)
+    meta["note"] = note
     meta["threads"] = threads
     meta["workloads"] = {"fixed": "8 x 128 tokens (ViT: 8 images 224x224)",
                          "varlen": "16 sequences, lengths uniform in [16, 384], torch.Generator().manual_seed(0); "

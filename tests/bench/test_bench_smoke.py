@@ -31,6 +31,7 @@ def test_kernels_cli_one_case(tmp_path):
         for k in ("median_ms", "q20_ms", "q80_ms", "gb_s", "frac_of_ceiling", "speedup_vs_eager"):
             assert math.isfinite(r[k]) and r[k] > 0, (r["provider"], k, r[k])
         assert r["q20_ms"] <= r["median_ms"] <= r["q80_ms"]
+        assert r["max_abs_err_vs_reference"] < 1e-4  # every provider computed the same thing
     assert timed["torch-eager"]["speedup_vs_eager"] == pytest.approx(1.0)
     skipped = {r["provider"]: r["skipped"] for r in data["rows"] if "skipped" in r}
     assert "interpreter" in skipped["fastenc-triton"]  # triton on CPU is named, not silently dropped
