@@ -46,9 +46,9 @@ constexpr int VW = FASTENC_VW;
 typedef float vf __attribute__((vector_size(FASTENC_VW * 4)));
 typedef int32_t vi __attribute__((vector_size(FASTENC_VW * 4)));
 
-constexpr int64_t BM = 128;  // query rows per work item: the register lanes of S^T
+constexpr int64_t BM = 128;  // most query rows per work item: the register lanes of S^T
 constexpr int64_t BN = 64;   // keys per tile
-static_assert(BM % VW == 0, "BM must be a whole number of registers");
+static_assert(BM % (2 * VW) == 0, "BM / 2 must be a whole number of registers");
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float M_INIT = -1e30f;  // finite running max: 2^(S - m) and 2^(m - m') never see inf - inf
 
@@ -88,18 +88,21 @@ inline float hsum(vf a) {
   return s;
 }
 
-// 2^x for the softmax's x <= 0: x = n + f with n = round(x), |f| <= 1/2; 2^f = e^(f ln2) by its degree-7
-// Taylor polynomial (truncation < 6e-9 relative, below fp32 rounding); 2^n is written into the exponent
-// bits. x <= -127 (including -inf) gives exactly 0; NaN stays NaN.
+// 2^x for the softmax's x <= 0 (S - m' and m - m' are never positive): x = n + f with n = round(x),
+// |f| <= 1/2; 2^f = e^(f ln2) by its degree-6 Taylor polynomial (truncation < 2e-7 relative); 2^n is written
+// into the exponent bits. x <= -127 (including -inf) gives exactly 0; NaN stays NaN.
 inline vf vexp2(vf x) {
-  const vf lo = vset(-127.f), hi = vset(127.f);
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
+#if defined(__AVX512F__)
+  x = _mm512_max_ps(vset(-127.f), x);  // max(lo, x) returns x when x is NaN
+#elif defined(__AVX__)
+  x = _mm256_max_ps(vset(-127.f), x);
+#else
+  x = x < vset(-127.f) ? vset(-127.f) : x;
+#endif
   const vf magic = vset(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer
   const vf r = (x + magic) - magic;
   const vf f = x - r;
-  vf p = vset(1.525273380405984e-05f);
-  p = vfma(p, f, vset(1.5403530393381606e-04f));
+  vf p = vset(1.5403530393381606e-04f);
   p = vfma(p, f, vset(1.3333558146428443e-03f));
   p = vfma(p, f, vset(9.618129107628477e-03f));
   p = vfma(p, f, vset(5.550410866482158e-02f));
@@ -223,6 +226,9 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   const int64_t Dp = (D + VW - 1) / VW * VW;  // V and O rows padded to whole registers
   const float qscale = scale * LOG2E;
 
+  // Query rows per item: a narrow window (ModernBERT's local layers: 64 each side) wastes less of every key
+  // tile with 64 rows; otherwise 128 rows reuse each K, V tile more.
+  const int64_t bm = (window_left >= 0 && window_right >= 0 && window_left + window_right < 256) ? BM / 2 : BM;
   // Work items (sequence, head, query block): costliest sequences first so dynamic scheduling balances a
   // varlen batch; consecutive items share a (sequence, head) so its K and V stay in cache.
   std::vector<int64_t> order(batch);
@@ -237,7 +243,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   for (int64_t b : order) {
     const int64_t start = cu_seqlens[b], len = cu_seqlens[b + 1] - cu_seqlens[b];
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t i0 = 0; i0 < len; i0 += BM) items.push_back({start, len, i0, h});
+      for (int64_t i0 = 0; i0 < len; i0 += bm) items.push_back({start, len, i0, h});
   }
   const int64_t n_items = (int64_t)items.size();
   if (n_items == 0) return;
@@ -250,7 +256,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
     for (int64_t it = 0; it < n_items; ++it) {
       const Item& blk = items[it];
       const int64_t h = blk.h, len = blk.len, i0 = blk.i0;
-      const int64_t rows = std::min(BM, len - i0);
+      const int64_t rows = std::min(bm, len - i0);
       const int64_t qcols = (rows + VW - 1) / VW;  // query registers in use
       const int64_t lanes = qcols * VW;
       const float* qb = q + (blk.start + i0) * ld + h * D;
@@ -258,17 +264,17 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
       if (it + nt < n_items) {  // the item this thread likely takes next: fetch its Q rows into L2 meanwhile
         const Item& nx = items[it + nt];
         const float* qn = q + (nx.start + nx.i0) * ld + nx.h * D;
-        for (int64_t r = 0, nr = std::min(BM, nx.len - nx.i0); r < nr; ++r)
+        for (int64_t r = 0, nr = std::min(bm, nx.len - nx.i0); r < nr; ++r)
           for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(qn + r * ld + d, 0, 2);
       }
-      // Q^T block (D x BM), pre-scaled; query lanes past the sequence are zero (computed, never written).
+      // Q^T block (D x bm), pre-scaled; query lanes past the sequence are zero (computed, never written).
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t d = 0; d < D; ++d) w.qt[d * BM + r] = qb[r * ld + d] * qscale;
+        for (int64_t d = 0; d < D; ++d) w.qt[d * bm + r] = qb[r * ld + d] * qscale;
       if (rows < lanes)
-        for (int64_t d = 0; d < D; ++d) std::fill(w.qt + d * BM + rows, w.qt + d * BM + lanes, 0.f);
+        for (int64_t d = 0; d < D; ++d) std::fill(w.qt + d * bm + rows, w.qt + d * bm + lanes, 0.f);
       std::fill(w.o, w.o + rows * Dp, 0.f);
-      std::fill(w.m, w.m + BM, M_INIT);
-      std::fill(w.l, w.l + BM, 0.f);
+      std::fill(w.m, w.m + bm, M_INIT);
+      std::fill(w.l, w.l + bm, 0.f);
 
       // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
       const int64_t kb = window_left >= 0 ? std::max<int64_t>(0, i0 - window_left) : 0;
@@ -279,14 +285,6 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         // zero-padded to Dp.
         const float* kt = k + (blk.start + j0) * ld + h * D;
         const float* vt = v + (blk.start + j0) * ld + h * D;
-        if (j0 + BN < ke) {  // ask for the next tile's rows now: strided rows defeat the hardware prefetcher
-          const int64_t nn = std::min(BN, ke - j0 - BN);
-          for (int64_t j = 0; j < nn; ++j)
-            for (int64_t d = 0; d < D; d += 16) {
-              __builtin_prefetch(kt + (BN + j) * ld + d);
-              __builtin_prefetch(vt + (BN + j) * ld + d);
-            }
-        }
         for (int64_t j = 0; j < nk; ++j) {
           std::memcpy(w.kp + j * D, kt + j * ld, D * sizeof(float));
           std::memcpy(w.vp + j * Dp, vt + j * ld, D * sizeof(float));
@@ -294,7 +292,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         }
 
         // S^T = K Q^T (log2 units): one row per key, one lane per query.
-        product<false>({w.kp, D, 1, w.qt, BM, D, w.st, BM, nullptr}, nk, qcols);
+        product<false>({w.kp, D, 1, w.qt, bm, D, w.st, bm, nullptr}, nk, qcols);
 
         // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
         const bool masked = (window_left >= 0 && j0 < i0 + rows - 1 - window_left) ||
@@ -306,23 +304,29 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
             int64_t hi = window_left >= 0 ? ja + window_left + 1 - i0 : lanes;
             lo = std::clamp<int64_t>(lo, 0, lanes);
             hi = std::clamp<int64_t>(hi, lo, lanes);
-            std::fill(w.st + j * BM, w.st + j * BM + lo, -INFINITY);
-            std::fill(w.st + j * BM + hi, w.st + j * BM + lanes, -INFINITY);
+            std::fill(w.st + j * bm, w.st + j * bm + lo, -INFINITY);
+            std::fill(w.st + j * bm + hi, w.st + j * bm + lanes, -INFINITY);
           }
         }
 
         // Online softmax, one lane per query: m' = max(m, max_j S), P = 2^(S - m'), l = alpha l + sum_j P.
         for (int64_t c = 0; c < qcols; ++c) {
           float* st = w.st + c * VW;
-          vf mx = vset(-INFINITY);
-          for (int64_t j = 0; j < nk; ++j) mx = vmax(mx, vload(st + j * BM));
+          vf mx = vset(-INFINITY), mx1 = mx;  // two chains: vmax latency, not throughput, bounds one
+          int64_t j = 0;
+          for (; j + 2 <= nk; j += 2) {
+            mx = vmax(mx, vload(st + j * bm));
+            mx1 = vmax(mx1, vload(st + (j + 1) * bm));
+          }
+          if (j < nk) mx = vmax(mx, vload(st + j * bm));
+          mx = vmax(mx, mx1);
           const vf m_old = vload(w.m + c * VW);
           const vf m_new = vmax(m_old, mx);
           const vf a = vexp2(m_old - m_new);
           vf sum = vf{};
           for (int64_t j = 0; j < nk; ++j) {
-            const vf p = vexp2(vload(st + j * BM) - m_new);
-            vstore(st + j * BM, p);
+            const vf p = vexp2(vload(st + j * bm) - m_new);
+            vstore(st + j * bm, p);
             sum += p;
           }
           vstore(w.m + c * VW, m_new);
@@ -331,7 +335,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         }
 
         // O = alpha O + P V: one row per query, registers along the features.
-        product<true>({w.st, 1, BM, w.vp, Dp, nk, w.o, Dp, w.alpha}, rows, Dp / VW);
+        product<true>({w.st, 1, bm, w.vp, Dp, nk, w.o, Dp, w.alpha}, rows, Dp / VW);
       }
 
       float* ob = out + (blk.start + i0) * ld + h * D;
