@@ -43,6 +43,7 @@ def _split(v: str | None) -> list[str] | None:
 def run(args) -> int:
     import fastenc  # noqa: F401  (registers every op)
     from fastenc.benchmark import suite
+    from fastenc.benchmark.kernels import UsageError
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
@@ -61,13 +62,20 @@ def run(args) -> int:
         (out / "RESULTS.md").write_text(report.results_markdown(out))
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
-    if args.what == "kernels":
-        res = suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
-                                  shapes=_split(args.shapes), providers=_split(args.providers),
-                                  compile_ref=not args.no_compile, plots=not args.no_plots, note=args.note)
-    else:
-        res = suite.bench_models(device, dtype, quick=args.quick, out=out, models=_split(args.models),
-                                 providers=_split(args.providers), compile_hf=not args.no_compile,
-                                 plots=not args.no_plots, note=args.note)
+    try:
+        res = _run_suite(args, suite, device, dtype, out)
+    except UsageError as e:
+        print(f"fastenc bench: {e}", file=sys.stderr)
+        return 2
     print(f"\nwrote {', '.join(str(p) for p in res['files'])} in {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def _run_suite(args, suite, device, dtype, out):
+    if args.what == "kernels":
+        return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
+                                   shapes=_split(args.shapes), providers=_split(args.providers),
+                                   compile_ref=not args.no_compile, plots=not args.no_plots, note=args.note)
+    return suite.bench_models(device, dtype, quick=args.quick, out=out, models=_split(args.models),
+                              providers=_split(args.providers), compile_hf=not args.no_compile,
+                              plots=not args.no_plots, note=args.note)

@@ -25,6 +25,10 @@ def varlen_lengths(n: int = VARLEN_N, lo: int = VARLEN_MIN, hi: int = VARLEN_MAX
     return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
 
 
+class UsageError(ValueError):
+    """A bad benchmark selection (--ops, --shapes, --models, --providers)."""
+
+
 @dataclass
 class Case:
     """One benchmark point: an op at a shape that a real model (or the sweep) produces.
@@ -302,7 +306,8 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         o, i, r = d["out"], d["in"], d["r"]
         x = _rand(T, i, device=dev, dtype=dtype, gen=g)
         w, bias = _rand(o, i, device=dev, dtype=dtype, gen=g, scale=i ** -0.5), _rand(o, device=dev, dtype=dtype, gen=g)
-        a, bb = _rand(r, i, device=dev, dtype=dtype, gen=g), _rand(o, r, device=dev, dtype=dtype, gen=g)
+        a = _rand(r, i, device=dev, dtype=dtype, gen=g, scale=i ** -0.5)
+        bb = _rand(o, r, device=dev, dtype=dtype, gen=g, scale=r ** -0.5)
         call = lambda be: (lambda: ops.lora_linear(x, w, bias, a, bb, 2.0, backend=be))  # noqa: E731
         others["torch-eager"] = lambda: F.linear(x, w, bias) + 2.0 * F.linear(F.linear(x, a), bb)  # PEFT's unmerged form
         ref = (reference.lora_linear_ref, x, w, bias, a, bb, 2.0) if hasattr(reference, "lora_linear_ref") else None
@@ -452,7 +457,7 @@ def select_cases(quick: bool, ops: list[str] | None = None, shapes: list[str] | 
     if ops:
         unknown = [o for o in ops if o not in known]
         if unknown:
-            raise ValueError(f"--ops: unknown op(s) {unknown}; known: {sorted(known)}")
+            raise UsageError(f"--ops: unknown op(s) {unknown}; known: {sorted(known)}")
         out = [c for c in out if c.op in ops]
     if shapes:
         out = [c for c in out if any(s.lower() in c.shape.lower() for s in shapes)]

@@ -22,7 +22,7 @@ def bench_kernels(device: str, dtype: torch.dtype, *, quick: bool, out: Path, op
                   providers=None, compile_ref: bool = True, plots: bool = True, note: str | None = None) -> dict:
     cases = _kernels.select_cases(quick, ops, shapes)
     if not cases:
-        raise ValueError("fastenc bench kernels: no case matches --ops/--shapes")
+        raise _kernels.UsageError("no kernel case matches --ops/--shapes")
     meta = report.metadata(device, dtype, quick)
     meta["note"] = note
     t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
-        raise ValueError(f"--models: unknown {unknown}; known: {list(_models.MODELS)}")
+        raise _kernels.UsageError(f"--models: unknown {unknown}; known: {list(_models.MODELS)}")
     if providers:
         wanted = providers
     elif quick:
