@@ -7,11 +7,15 @@ Measured in one process, interleaved (ABAB) so every provider sees the same mach
   merged      F.linear(x, W', b), W' = fastenc.ops.merge_lora(W, A, B, scale): the merged model's cost
 plus the one-off merge time. Ratios of medians and of minimums (best-of, robust when the machine is shared). Default: CPU, fp32, hidden 768, tokens 4096, r = 8, 16, 64.
 Usage: python bench/lora.py [--device cuda --dtype bf16] [--tokens 4096 --hidden 768 --ranks 8,16,64]
-Writes bench/out/lora-<device>-<dtype>.json and .png.
+Writes bench/out/lora-<device>-<dtype>-t<threads>.json and .png. On a CPU shared with other work, each extra
+parallel region of the unmerged path can lose a scheduler slice: compare --threads 1 with the default.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +47,7 @@ def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[i
         }
         impl = fastenc.registry.select("lora_linear", {"x": x, "weight": w, "bias": b, "lora_a": a, "lora_b": bb})
         samples = timing.interleaved(fns, device, warmup=2, repeats=repeats, min_time_s=1.0, max_repeats=200)
+        cpu_ms = _thread_cpu_times(fns, repeats) if device == "cpu" and torch.get_num_threads() == 1 else None
         stats = {k: timing.summarize(v) for k, v in samples.items()}
         merge = timing.time_fn(lambda: fastenc.ops.merge_lora(w, a, bb, scale), device, warmup=1, repeats=10)
         base, base_min = stats["plain"].median_ms, stats["plain"].min_ms
@@ -53,6 +58,9 @@ def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[i
             row[f"{k}_ms"] = s.median_ms
             row[f"{k}_ratio"] = s.median_ms / base
             row[f"{k}_min_ratio"] = s.min_ms / base_min  # best-of: robust on a machine shared with other work
+        if cpu_ms is not None:  # CPU time of the (only) compute thread: blind to time spent descheduled
+            for k, v in cpu_ms.items():
+                row[f"{k}_cpu_time_ratio"] = v / cpu_ms["plain"]
         row["extra_flops_fraction"] = r * (hidden + hidden) / (hidden * hidden)
         rows.append(row)
         print(f"r={r:3d}  plain {base:7.2f} ms (min {base_min:.2f}) | ratios median/min: unmerged ({impl.backend}) "
@@ -60,7 +68,22 @@ def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[i
               f"{row['peft-style_ratio']:.3f}/{row['peft-style_min_ratio']:.3f} | merged "
               f"{row['merged_ratio']:.3f}/{row['merged_min_ratio']:.3f} | merge once {merge.median_ms:.2f} ms",
               flush=True)
+        if cpu_ms is not None:
+            print(f"       thread CPU time ratios: unmerged {row['unmerged_cpu_time_ratio']:.3f} | peft-style "
+                  f"{row['peft-style_cpu_time_ratio']:.3f} | merged {row['merged_cpu_time_ratio']:.3f}", flush=True)
     return rows
+
+
+def _thread_cpu_times(fns, repeats: int) -> dict[str, float]:
+    """Median CPU time (ms) of the calling thread per call, round-robin; with one torch thread all work runs on
+    it, so time lost to other processes on a shared machine does not count."""
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.thread_time_ns()
+            fn()
+            out[k].append((time.thread_time_ns() - t0) / 1e6)
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -91,14 +114,19 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--ranks", default="8,16,64")
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
     a = p.parse_args(argv)
     dtype = DTYPES[a.dtype]
+    if a.threads:
+        torch.set_num_threads(a.threads)
     rows = run(a.device, dtype, a.tokens, a.hidden, [int(r) for r in a.ranks.split(",")], a.repeats)
     out = Path(a.out)
-    stem = f"lora-{a.device}-{a.dtype}"
-    report.write_json(out / f"{stem}.json", {**report.metadata(a.device, dtype, False), "results": rows})
-    plot(rows, out / f"{stem}.png", f"LoRA linear, {a.device} {a.dtype}, {a.tokens}x{a.hidden}")
+    stem = f"lora-{a.device}-{a.dtype}-t{torch.get_num_threads()}"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # other work on the machine skews CPU runs
+    report.write_json(out / f"{stem}.json", {**report.metadata(a.device, dtype, False), "load_average_1min": load,
+                                            "results": rows})
+    plot(rows, out / f"{stem}.png", f"LoRA linear, {a.device} {a.dtype}, {a.tokens}x{a.hidden}, {torch.get_num_threads()} threads")
     print(f"wrote {out / stem}.json and .png")
     return 0
 

@@ -142,24 +142,34 @@ Tensor merge_lora(const Tensor& weight, const Tensor& lora_a, const Tensor& lora
   return out.to(weight.scalar_type());
 }
 
-// lora_linear: y = x W^T + b + scale (x A^T) B^T as three at::addmm/mm calls on torch's CPU GEMM (MKL or
-// oneDNN), not a hand-written GEMM: the base GEMM, the rank-r projection xa = x A^T (tokens x r) kept in
-// fp32, then y += scale * xa B^T in place (beta = 1, scale folded into alpha). Extra work over a plain linear:
-// 2 T r (in + out) flops against 2 T in out. fp16/bf16 inputs are computed in fp32 and rounded once.
+// lora_linear: y = x W^T + b + scale (x A^T) B^T on torch's CPU GEMM (MKL or oneDNN via at::addmm), not a
+// hand-written GEMM; fp16/bf16 inputs are computed in fp32 and rounded once. Two schedules, same math:
+//  - few tokens (T (in + out) <= in out): y = addmm(b, x, W^T); xa = x A^T (T x r, fp32); y += scale xa B^T
+//    (in place, beta = 1, scale in alpha): 2 T r (in + out) extra flops and one more pass over x and y;
+//  - many tokens: W' = W + scale B A into a temporary by the merge kernel (2 out in r flops, independent of T),
+//    then one GEMM y = addmm(b, x, W'^T): x and y are touched once, as in a plain linear. The stored weight
+//    is never modified (the adapter stays switchable per call).
 Tensor lora_linear(const Tensor& x, const Tensor& weight, const OptTensor& bias, const Tensor& lora_a,
                    const Tensor& lora_b, double scale) {
   check_cpu(x, "x");
   check_cpu(weight, "weight");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && lora_a.dim() == 2 && lora_b.dim() == 2,
               "lora_linear: x must be (tokens, in); weight, lora_a, lora_b 2-D");
-  const int64_t in = x.size(1), out = weight.size(0), r = lora_a.size(0);
+  const int64_t tokens = x.size(0), in = x.size(1), out = weight.size(0), r = lora_a.size(0);
   TORCH_CHECK(weight.size(1) == in && lora_a.size(1) == in && lora_b.size(0) == out && lora_b.size(1) == r,
               "lora_linear: expected weight (out, ", in, "), lora_a (r, ", in, "), lora_b (out, r)");
   TORCH_CHECK(!bias.has_value() || bias->numel() == out, "lora_linear: bias must have ", out, " elements");
-  Tensor xf = f32(x), wf = f32(weight);
-  Tensor y = bias.has_value() ? at::addmm(f32(*bias), xf, wf.t()) : at::mm(xf, wf.t());
-  Tensor xa = at::mm(xf, f32(lora_a).t());
-  y.addmm_(xa, f32(lora_b).t(), /*beta=*/1.0, /*alpha=*/scale);
+  Tensor xf = f32(x), wf = f32(weight), af = f32(lora_a), bf = f32(lora_b);
+  Tensor y;
+  if (tokens * (in + out) > in * out) {
+    Tensor wm = at::empty({out, in}, wf.options());
+    fastenc_cpu::merge_lora_fwd(wf.data_ptr<float>(), af.data_ptr<float>(), bf.data_ptr<float>(),
+                                wm.data_ptr<float>(), out, in, r, (float)scale);
+    y = bias.has_value() ? at::addmm(f32(*bias), xf, wm.t()) : at::mm(xf, wm.t());
+  } else {
+    y = bias.has_value() ? at::addmm(f32(*bias), xf, wf.t()) : at::mm(xf, wf.t());
+    y.addmm_(at::mm(xf, af.t()), bf.t(), /*beta=*/1.0, /*alpha=*/scale);
+  }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 

@@ -105,26 +105,24 @@ _TY = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (see kernels/_compile.py): the GPU launch configs above."""
+    """Ahead-of-time compile configurations (see kernels/_compile.py): each GPU launch config of `_config`
+    (small rank, rank > 32, the largest rank) per dtype."""
     specs = []
-    for dt in (torch.float16, torch.bfloat16, torch.float32):
-        for block_r in (16, 32, 64, 128):
-            for has_bias in (True, False):
-                if dt == torch.float32 and block_r > MAX_RANK_FP32:
-                    continue
-                bm, bn, bk, warps, stages = _config(True, dt, block_r)
-                p = _TY[dt]
-                specs.append({
-                    "name": f"lora_linear_{p[1:]}_r{block_r}{'_bias' if has_bias else ''}",
-                    "fn": _lora_linear_kernel,
-                    "signature": {"X": p, "W": p, "Bias": p, "A": p, "B": p, "Y": p, "M": "i32", "N": "i32",
-                                  "K": "i32", "R": "i32", "scale": "fp32", "HAS_BIAS": "constexpr",
-                                  "IEEE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                                  "BLOCK_K": "constexpr", "BLOCK_R": "constexpr", "GROUP_M": "constexpr"},
-                    "constexprs": {"HAS_BIAS": has_bias, "IEEE": dt == torch.float32, "BLOCK_M": bm,
-                                   "BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_R": block_r, "GROUP_M": 8},
-                    "num_warps": warps,
-                    "num_stages": stages,
-                    "divisible_by_16": ["N", "K"],
-                })
+    for dt, ranks in ((torch.float16, (32, 128)), (torch.bfloat16, (16, 64, 128)), (torch.float32, (16, 64))):
+        for block_r in ranks:
+            bm, bn, bk, warps, stages = _config(True, dt, block_r)
+            p = _TY[dt]
+            specs.append({
+                "name": f"lora_linear_{p[1:]}_r{block_r}",
+                "fn": _lora_linear_kernel,
+                "signature": {"X": p, "W": p, "Bias": p, "A": p, "B": p, "Y": p, "M": "i32", "N": "i32", "K": "i32",
+                              "R": "i32", "scale": "fp32", "HAS_BIAS": "constexpr", "IEEE": "constexpr",
+                              "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                              "BLOCK_R": "constexpr", "GROUP_M": "constexpr"},
+                "constexprs": {"HAS_BIAS": True, "IEEE": dt == torch.float32, "BLOCK_M": bm, "BLOCK_N": bn,
+                               "BLOCK_K": bk, "BLOCK_R": block_r, "GROUP_M": 8},
+                "num_warps": warps,
+                "num_stages": stages,
+                "divisible_by_16": ["N", "K"],
+            })
     return specs

@@ -60,19 +60,19 @@ _TY = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (see kernels/_compile.py): the launch configs used on a GPU."""
+    """Ahead-of-time compile configurations (see kernels/_compile.py): the GPU launch config for the weight /
+    adapter dtype pairs met in practice (adapters stored in the weight's dtype or in fp32)."""
     specs = []
-    for wdt in (torch.float16, torch.bfloat16, torch.float32):
-        for adt in sorted({wdt, torch.float32}, key=str):
-            for block_r in (16, 32):
-                specs.append({
-                    "name": f"merge_lora_w{_TY[wdt][1:]}_a{_TY[adt][1:]}_r{block_r}",
-                    "fn": _merge_lora_kernel,
-                    "signature": {"W": _TY[wdt], "A": _TY[adt], "B": _TY[adt], "Out": _TY[wdt], "N": "i32",
-                                  "K": "i32", "R": "i32", "scale": "fp32", "BLOCK_N": "constexpr",
-                                  "BLOCK_K": "constexpr", "BLOCK_R": "constexpr"},
-                    "constexprs": {"BLOCK_N": 64, "BLOCK_K": 64, "BLOCK_R": block_r},
-                    "num_warps": 8,
-                    "num_stages": 1,
-                })
+    for wdt, adt in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
+                     (torch.bfloat16, torch.float32), (torch.float32, torch.float32)):
+        specs.append({
+            "name": f"merge_lora_w{_TY[wdt][1:]}_a{_TY[adt][1:]}",
+            "fn": _merge_lora_kernel,
+            "signature": {"W": _TY[wdt], "A": _TY[adt], "B": _TY[adt], "Out": _TY[wdt], "N": "i32", "K": "i32",
+                          "R": "i32", "scale": "fp32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                          "BLOCK_R": "constexpr"},
+            "constexprs": {"BLOCK_N": 64, "BLOCK_K": 64, "BLOCK_R": 32},
+            "num_warps": 8,
+            "num_stages": 1,
+        })
     return specs

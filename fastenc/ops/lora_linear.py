@@ -5,7 +5,9 @@ Every backend implements one contract:
   x: (tokens, in) contiguous; weight: (out, in); bias: (out,) or None; lora_a: (r, in); lora_b: (out, r);
   all contiguous, one dtype (fp32/fp16/bf16), one device; scale: float. Returns (tokens, out) in x's dtype.
 triton: one fused kernel (x read once per tile, the rank-r intermediate kept on chip), rank <= 128 (fp32: 64).
-cpu: torch's CPU GEMMs (at::addmm) from the C++ binding, scale folded into the second GEMM's alpha.
+cpu: torch's CPU GEMMs (at::addmm) from the C++ binding, in fp32. Few tokens: base GEMM, then the rank-r update
+     as a second in-place GEMM. Many tokens (T (in + out) > in out): W + scale B A formed in a temporary by the
+     merge kernel, then one GEMM, so x and y are read/written once (the stored weight is never modified).
 """
 from __future__ import annotations
 
