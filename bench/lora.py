@@ -5,7 +5,8 @@ Measured in one process, interleaved (ABAB) so every provider sees the same mach
   unmerged    fastenc.ops.lora_linear(x, W, b, A, B, scale)       -- the fused/fast backend of this device
   peft-style  F.linear(x, W, b) + F.linear(F.linear(x, A), B) * scale  (PEFT's unmerged forward)
   merged      F.linear(x, W', b), W' = fastenc.ops.merge_lora(W, A, B, scale): the merged model's cost
-plus the one-off merge time. Ratios of medians and of minimums (best-of, robust when the machine is shared). Default: CPU, fp32, hidden 768, tokens 4096, r = 8, 16, 64.
+plus the one-off merge time. Ratios of medians and of minimums (best-of, robust when the machine is shared).
+Default: CPU, fp32, hidden 768, tokens 4096, r = 8, 16, 64.
 Usage: python bench/lora.py [--device cuda --dtype bf16] [--tokens 4096 --hidden 768 --ranks 8,16,64]
 Writes bench/out/lora-<device>-<dtype>-t<threads>.json and .png. On a CPU shared with other work, each extra
 parallel region of the unmerged path can lose a scheduler slice: compare --threads 1 with the default.
@@ -126,7 +127,8 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # other work on the machine skews CPU runs
     report.write_json(out / f"{stem}.json", {**report.metadata(a.device, dtype, False), "load_average_1min": load,
                                             "results": rows})
-    plot(rows, out / f"{stem}.png", f"LoRA linear, {a.device} {a.dtype}, {a.tokens}x{a.hidden}, {torch.get_num_threads()} threads")
+    plot(rows, out / f"{stem}.png",
+         f"LoRA linear, {a.device} {a.dtype}, {a.tokens}x{a.hidden}, {torch.get_num_threads()} threads")
     print(f"wrote {out / stem}.json and .png")
     return 0
 

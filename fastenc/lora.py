@@ -119,7 +119,8 @@ def check_config(config: dict) -> None:
         if v not in (None, False, [], {}, ""):
             raise ValueError(f"load_lora: {why} (adapter_config {opt}={v!r})")
     if config.get("bias", "none") != "none":
-        raise ValueError(f"load_lora: bias must be 'none' (trained biases are not supported), got {config.get('bias')!r}")
+        raise ValueError(f"load_lora: bias must be 'none' (trained biases are not supported), "
+                         f"got {config.get('bias')!r}")
     r = config.get("r")
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise ValueError(f"load_lora: r must be a positive int, got {r!r}")

@@ -1,8 +1,8 @@
 """Triton LoRA merge (Hu et al. 2021): W' = W + scale * B @ A, fp32 accumulation, rounded once to W's dtype.
 
 One program per (BLOCK_N x BLOCK_K) tile of W. The rank dimension is small (1..64 typically), so the tile's
-delta is one or a few fp32 tl.dot calls over BLOCK_R-wide rank chunks (<= 32: keeps the fp32 FMA dot free of spills); the op is bound by reading and
-writing W once.
+delta is one or a few fp32 tl.dot calls over BLOCK_R-wide rank chunks (<= 32: keeps the fp32 FMA dot free of
+spills); the op is bound by reading and writing W once.
 """
 from __future__ import annotations
 
