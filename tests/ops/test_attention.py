@@ -243,6 +243,30 @@ def test_bad_input_raises_value_error(case, match):
             ops.attention(x, x, x, backend="triton")
 
 
+# ---------------------------------------------------------------- Triton launch configuration
+def test_triton_config_heuristic_and_autotune_cache(monkeypatch, tmp_path):
+    from fastenc.kernels import attention as ka
+
+    for cc in (80, 90):
+        for d in (32, 64, 80, 96, 128, 256):
+            for dt in testing.DTYPES:
+                cfg = ka.default_config(d, dt, cc)
+                assert cfg.block_m in (32, 64, 128) and cfg.block_n in (32, 64, 128) and cfg.num_warps in (4, 8)
+                assert cfg in ka.candidate_configs(d, dt, cc) or dt == torch.float32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ka.default_config(64, torch.float16, 90).block_m = 1
+    # The on-disk cache round-trips and is what a later process reads.
+    monkeypatch.setenv("FASTENC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ka, "_TUNED", None)
+    monkeypatch.setattr(ka.triton.testing, "do_bench", lambda fn, **kw: 1.0 if fn() is None else 2.0)
+    calls = []
+    best = ka._autotune("sm90|bfloat16|d64|s512|w0", lambda cfg: calls.append(cfg), 64, torch.bfloat16, 90)
+    assert best == calls[0] and len(calls) == len(ka.candidate_configs(64, torch.bfloat16, 90))
+    monkeypatch.setattr(ka, "_TUNED", None)
+    assert ka._load_tuned()["sm90|bfloat16|d64|s512|w0"] == best
+    assert (tmp_path / "attention_autotune.json").exists()
+
+
 # ---------------------------------------------------------------- GPU code generation (no GPU needed)
 _COMPILE = """
 import json
