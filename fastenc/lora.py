@@ -8,7 +8,8 @@ adapter_model.safetensors format): merged at zero inference cost, or kept unmerg
     model(ids, mask, adapter="a")                         # per call; or model.set_adapter("a") / use_adapter("a")
 
 PEFT module names map onto fastenc's modules through the explicit weight maps of fastenc.models.convert, so a
-query/key/value adapter lands on its third of the fused Wqkv rows. Everything is validated before the model is
+query/key/value adapter lands on its third of the fused Wqkv rows. Supported: r, lora_alpha, use_rslora,
+rank_pattern/alpha_pattern, bias="none", modules_to_save Linear copies (e.g. a SEQ_CLS classifier head). Everything is validated before the model is
 touched: a bad adapter raises and leaves the model exactly as it was. The models inherit `LoraMixin`.
 """
 from __future__ import annotations
@@ -54,9 +55,18 @@ class _Piece:
 
 
 @dataclass
+class _Full:
+    """A PEFT modules_to_save Linear (a fully trained copy, e.g. a classifier head): replaces weight and bias."""
+    peft_name: str
+    module: str
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+@dataclass
 class _State:
     """Per-model LoRA bookkeeping (plain attributes: not parameters, not in state_dict)."""
-    originals: dict[str, torch.Tensor] = field(default_factory=dict)   # module -> weight before any merge
+    originals: dict[str, torch.Tensor] = field(default_factory=dict)   # parameter -> value before any merge
     merged: list[str] = field(default_factory=list)                      # merged adapter names, in order
     unmerged: dict[str, list[str]] = field(default_factory=dict)        # adapter -> modules it routes
     default: str | None = None                                          # set_adapter()
@@ -157,51 +167,81 @@ def target_table(model) -> dict[str, tuple[str, int | None, str]]:
     return table
 
 
-def _split_keys(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-    """{peft module name: {"lora_A": A, "lora_B": B}}; any non-LoRA-linear key is an error."""
-    out: dict[str, dict[str, torch.Tensor]] = {}
+def _split_keys(state: dict[str, torch.Tensor], saved: list[str]):
+    """({peft module: {"lora_A": A, "lora_B": B}}, {modules_to_save module: {"weight": W, "bias": b}});
+    any other key is an error."""
+    lora: dict[str, dict[str, torch.Tensor]] = {}
+    full: dict[str, dict[str, torch.Tensor]] = {}
     bad = []
     for key, t in state.items():
         k = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
         m = _KEY.match(k)
-        if m is None:
-            bad.append(key)
+        if m is not None:
+            lora.setdefault(m["mod"], {})[m["kind"]] = t
             continue
-        out.setdefault(m["mod"], {})[m["kind"]] = t
+        k = re.sub(r"\.modules_to_save(\.[^.]+)?\.", ".", k)
+        mod, _, leaf = k.rpartition(".")
+        if leaf in ("weight", "bias") and any(mod == s or mod.endswith("." + s) for s in saved):
+            full.setdefault(mod, {})[leaf] = t
+            continue
+        bad.append(key)
     if bad:
-        kinds = ("lora_embedding" in " ".join(bad) and "LoRA on embeddings" or
-                 "lora_magnitude_vector" in " ".join(bad) and "DoRA magnitudes" or
-                 "modules_to_save" in " ".join(bad) and "modules_to_save (trained full copies)" or "non-LoRA tensors")
+        joined = " ".join(bad)
+        kinds = ("lora_embedding" in joined and "LoRA on embeddings" or
+                 "lora_magnitude_vector" in joined and "DoRA magnitudes" or "tensors that are not LoRA weights")
         raise ValueError(f"load_lora: the adapter holds {kinds}, which fastenc does not support: {bad[:4]}"
                          f"{' ...' if len(bad) > 4 else ''}")
-    if not out:
+    if not lora and not full:
         raise ValueError("load_lora: the adapter holds no LoRA weights")
-    return out
+    return lora, full
 
 
-def plan(model, config: dict, state: dict[str, torch.Tensor]) -> list[_Piece]:
-    """Validate an adapter against `model` and map it; raises before anything is changed."""
+def _linear_target(model, table, arch: str, peft_name: str, missing: list[str]):
+    """(fastenc module name, Linear, third of Wqkv or None) for a PEFT module name, or None (added to missing)."""
     from fastenc.models import convert
 
+    legacy = next(iter(convert.normalize_hf_names(arch, {peft_name + ".weight": None})))[:-len(".weight")]
+    hit = table.get(peft_name) or table.get(legacy)
+    if hit is None:
+        missing.append(peft_name)
+        return None
+    fe_name, third, kind = hit
+    try:
+        module = model.get_submodule(fe_name)
+    except AttributeError:
+        module = None
+    if kind == "patch" or not isinstance(module, Linear):
+        raise ValueError(f"load_lora: target module {peft_name!r} is not a linear layer in fastenc's "
+                         f"{type(model).__name__} (LoRA on convolutions, embeddings and norms is not supported)")
+    return fe_name, module, third
+
+
+def plan(model, config: dict, state: dict[str, torch.Tensor]) -> tuple[list[_Piece], list[_Full]]:
+    """Validate an adapter against `model` and map it; raises before anything is changed."""
     check_config(config)
     table = target_table(model)
-    arch, pieces, missing = _arch(model), [], []
-    for peft_name, ab in sorted(_split_keys(state).items()):
+    arch, pieces, fulls, missing = _arch(model), [], [], []
+    lora, full = _split_keys(state, list(config.get("modules_to_save") or []))
+    for peft_name, wb in sorted(full.items()):
+        hit = _linear_target(model, table, arch, peft_name, missing)
+        if hit is None:
+            continue
+        fe_name, module, _ = hit
+        w, b = wb.get("weight"), wb.get("bias")
+        if w is None or tuple(w.shape) != tuple(module.weight.shape) or (b is None) != (module.bias is None) or (
+                b is not None and tuple(b.shape) != tuple(module.bias.shape)):
+            raise ValueError(f"load_lora: modules_to_save {peft_name!r}: weight {None if w is None else tuple(w.shape)}"
+                             f", bias {None if b is None else tuple(b.shape)} do not fit the model's layer (weight "
+                             f"{tuple(module.weight.shape)}, bias "
+                             f"{None if module.bias is None else tuple(module.bias.shape)})")
+        fulls.append(_Full(peft_name, fe_name, w, b))
+    for peft_name, ab in sorted(lora.items()):
         if set(ab) != {"lora_A", "lora_B"}:
             raise ValueError(f"load_lora: module {peft_name!r} has {sorted(ab)} but needs both lora_A and lora_B")
-        legacy = next(iter(convert.normalize_hf_names(arch, {peft_name + ".weight": None})))[:-len(".weight")]
-        hit = table.get(peft_name) or table.get(legacy)
+        hit = _linear_target(model, table, arch, peft_name, missing)
         if hit is None:
-            missing.append(peft_name)
             continue
-        fe_name, third, kind = hit
-        try:
-            module = model.get_submodule(fe_name)
-        except AttributeError:
-            module = None
-        if kind == "patch" or not isinstance(module, Linear):
-            raise ValueError(f"load_lora: target module {peft_name!r} is not a linear layer in fastenc's "
-                             f"{type(model).__name__} (LoRA on convolutions, embeddings and norms is not supported)")
+        fe_name, module, third = hit
         a, b = ab["lora_A"], ab["lora_B"]
         if a.dim() != 2 or b.dim() != 2 or not a.is_floating_point() or not b.is_floating_point():
             raise ValueError(f"load_lora: {peft_name}: lora_A and lora_B must be 2-D float tensors, got "
@@ -227,30 +267,36 @@ def plan(model, config: dict, state: dict[str, torch.Tensor]) -> list[_Piece]:
         raise ValueError(f"load_lora: target module(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} do not exist "
                          f"in fastenc's {type(model).__name__} ({arch}); an adapter made for another architecture? "
                          f"Linear targets look like {known[:3]}")
-    return pieces
+    if {p.module for p in pieces} & {f.module for f in fulls}:
+        raise ValueError("load_lora: a module is both a LoRA target and in modules_to_save")
+    return pieces, fulls
 
 
 # ---------------------------------------------------------------- unmerged routing
 
 class LoraLinear(Linear):
     """A fastenc Linear carrying unmerged adapters: y = ops.lora_linear(x, W, b, A_name, B_name, 1) for the active
-    adapter (scale folded into B), plain F.linear otherwise. Modules become this class only while they carry
-    adapters (their class is switched back when the last adapter is removed)."""
+    adapter (scale folded into B), or F.linear with the adapter's own weight and bias for a modules_to_save copy,
+    plain F.linear otherwise. Modules become this class only while they carry adapters (their class is switched
+    back when the last adapter is removed). Adapter tensors follow x's device and dtype (converted once)."""
 
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        bias = self.bias if with_bias else None
         state = self.__dict__.get("_lora_state")
         name = state.current() if state is not None else None
-        ad = self.__dict__.get("_lora_adapters", {}).get(name) if name is not None else None
+        ads = self.__dict__.get("_lora_adapters", {})
+        ad = ads.get(name) if name is not None else None
         if ad is None:
-            return F.linear(x, self.weight, bias)
-        a, b = ad
-        if a.dtype != x.dtype or a.device != x.device:
-            a, b = a.to(device=x.device, dtype=x.dtype), b.to(device=x.device, dtype=x.dtype)
-        return ops.lora_linear(x, self.weight, bias, a, b, 1.0)
+            return F.linear(x, self.weight, self.bias if with_bias else None)
+        kind, t1, t2 = ad
+        if t1.dtype != x.dtype or t1.device != x.device:
+            t1, t2 = (None if t is None else t.to(device=x.device, dtype=x.dtype) for t in (t1, t2))
+            ads[name] = (kind, t1, t2)
+        if kind == "full":
+            return F.linear(x, t1, t2 if with_bias else None)
+        return ops.lora_linear(x, self.weight, self.bias if with_bias else None, t1, t2, 1.0)
 
 
-def _combine(module: Linear, pieces: list[_Piece]) -> tuple[torch.Tensor, torch.Tensor]:
+def _combine(module: Linear, pieces: list[_Piece]) -> tuple[str, torch.Tensor, torch.Tensor]:
     """One (A, B) for a module from its pieces: A = [A_1; A_2; ...], B block-placed by rows, scale folded in."""
     w = module.weight
     ranks = [p.a.shape[0] for p in pieces]
@@ -260,7 +306,7 @@ def _combine(module: Linear, pieces: list[_Piece]) -> tuple[torch.Tensor, torch.
     for p, r in zip(pieces, ranks):
         b[p.rows, col:col + r] = p.b.to(device=w.device, dtype=torch.float32) * p.scale
         col += r
-    return a.to(w.dtype).contiguous(), b.to(w.dtype).contiguous()
+    return "lora", a.to(w.dtype).contiguous(), b.to(w.dtype).contiguous()
 
 
 def _state(model) -> _State:
@@ -295,26 +341,35 @@ class LoraMixin:
         if name in st.unmerged or name in st.merged:
             raise ValueError(f"load_lora: an adapter named {name!r} is already loaded "
                              f"({'merged' if name in st.merged else 'unmerged'}); pick another adapter_name")
-        pieces = plan(self, config, state)
+        pieces, fulls = plan(self, config, state)
         by_module: dict[str, list[_Piece]] = {}
         for p in pieces:
             by_module.setdefault(p.module, []).append(p)
         if merge:
-            new = {}
-            for mod_name, ps in by_module.items():  # compute everything first: a failure leaves the model as it was
+            new: dict[str, torch.Tensor] = {}  # parameter -> new value; all computed before anything is written
+            for mod_name, ps in by_module.items():
                 w = self.get_submodule(mod_name).weight
                 merged = w.detach().clone()
                 for p in ps:
                     merged[p.rows] = ops.merge_lora(w[p.rows], p.a.to(w.device), p.b.to(w.device), p.scale)
-                new[mod_name] = merged
+                new[f"{mod_name}.weight"] = merged
+            for f in fulls:
+                module = self.get_submodule(f.module)
+                new[f"{f.module}.weight"] = f.weight.to(device=module.weight.device, dtype=module.weight.dtype)
+                if f.bias is not None:
+                    new[f"{f.module}.bias"] = f.bias.to(device=module.bias.device, dtype=module.bias.dtype)
             with torch.no_grad():
-                for mod_name, merged in new.items():
-                    w = self.get_submodule(mod_name).weight
-                    st.originals.setdefault(mod_name, w.detach().clone())
-                    w.copy_(merged)
+                for pname, value in new.items():
+                    param = self.get_parameter(pname)
+                    st.originals.setdefault(pname, param.detach().clone())
+                    param.copy_(value)
             st.merged.append(name)
             return name
         combined = {m: _combine(self.get_submodule(m), ps) for m, ps in by_module.items()}
+        for f in fulls:
+            w = self.get_submodule(f.module).weight
+            combined[f.module] = ("full", f.weight.to(device=w.device, dtype=w.dtype).contiguous(),
+                                  None if f.bias is None else f.bias.to(device=w.device, dtype=w.dtype))
         for mod_name, ab in combined.items():
             module = self.get_submodule(mod_name)
             module.__dict__.setdefault("_lora_adapters", {})[name] = ab
@@ -330,9 +385,9 @@ class LoraMixin:
         """Restore every weight changed by merged adapters to its exact original value (unmerged adapters stay)."""
         st = _state(self)
         with torch.no_grad():
-            for mod_name, orig in st.originals.items():
-                w = self.get_submodule(mod_name).weight
-                w.copy_(orig.to(device=w.device, dtype=w.dtype))
+            for pname, orig in st.originals.items():
+                param = self.get_parameter(pname)
+                param.copy_(orig.to(device=param.device, dtype=param.dtype))
         st.originals.clear()
         st.merged.clear()
 

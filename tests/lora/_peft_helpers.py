@@ -16,6 +16,8 @@ def peft_model(hf, seed: int = 0, **cfg):
         for name, p in pm.named_parameters():
             if "lora_B" in name or "lora_A" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.1 if "lora_B" in name else p.shape[-1] ** -0.5))
+            elif "modules_to_save" in name:  # a trained copy of a head: make it differ from the base
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
     return pm.eval()
 
 

@@ -61,17 +61,27 @@ def test_vit_matches_peft(merge):
     close(fe(px), ref)
 
 
-def test_folder_and_head_model(tmp_path):
-    """adapter_config.json + adapter_model.safetensors for a sequence-classification model (prefix 'bert.')."""
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_folder_and_classifier_head(tmp_path, merge):
+    """adapter_config.json + adapter_model.safetensors of a SEQ_CLS adapter: LoRA on the encoder (prefix 'bert.')
+    plus a trained copy of the classifier (PEFT's modules_to_save)."""
     hf = _hf.bert("sequence_classification")
-    pm = peft_model(hf, r=8, lora_alpha=16, target_modules=["query", "value"])
+    pm = peft_model(hf, task_type="SEQ_CLS", r=8, lora_alpha=16, target_modules=["query", "value"])
     pm.save_pretrained(tmp_path)
     ids, mask, types = _hf.text_batch([9, 30], seed=6)
     with torch.no_grad():
         ref = pm(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        base = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    assert float((ref - base).abs().max()) > 0.05, "the adapter must change the logits"
     fe = fastenc.from_hf(hf)
-    fe.load_lora(tmp_path)
+    snap = snapshot(fe)
+    fe.load_lora(tmp_path, merge=merge)
     close(fe(ids, mask, types), ref)
+    if merge:
+        fe.unmerge_lora()
+        assert same_state(fe, snap)
+    else:
+        close(fe(ids, mask, types, adapter=None), base)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
