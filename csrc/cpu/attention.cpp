@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #if defined(__AVX__)
@@ -194,23 +195,19 @@ inline void product(const Operands& o, int64_t rows, int64_t cols) {
 
 struct Work {
   float *qt, *st, *kp, *vp, *o, *m, *l, *alpha;
-  void* mem;
 };
 
-Work alloc_work(int64_t D, int64_t Dp) {
+// One thread's buffers, carved from `p` (64-byte aligned pieces); returns the floats used when p is null.
+int64_t carve_work(float* p, int64_t D, int64_t Dp, Work* w) {
   const int64_t sizes[] = {D * BM, BN * BM, BN * D, BN * Dp, BM * Dp, BM, BM, BM};
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+  float** dst[n] = {&w->qt, &w->st, &w->kp, &w->vp, &w->o, &w->m, &w->l, &w->alpha};
   int64_t total = 0;
-  for (int64_t s : sizes) total += (s + 15) / 16 * 16;  // 64-byte aligned pieces
-  Work w{};
-  w.mem = std::aligned_alloc(64, total * sizeof(float));
-  float* p = static_cast<float*>(w.mem);
-  float** dst[n] = {&w.qt, &w.st, &w.kp, &w.vp, &w.o, &w.m, &w.l, &w.alpha};
   for (int i = 0; i < n; ++i) {
-    *dst[i] = p;
-    p += (sizes[i] + 15) / 16 * 16;
+    if (p != nullptr) *dst[i] = p + total;
+    total += (sizes[i] + 15) / 16 * 16;
   }
-  return w;
+  return total;
 }
 
 struct Item {
@@ -249,9 +246,15 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   if (n_items == 0) return;
   const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
 
+  Work w0{};
+  const int64_t per_thread = carve_work(nullptr, D, Dp, &w0);
+  float* mem = static_cast<float*>(std::aligned_alloc(64, (size_t)(per_thread * nt) * sizeof(float)));
+  if (mem == nullptr) throw std::bad_alloc();
+
 #pragma omp parallel num_threads(nt)
   {
-    Work w = alloc_work(D, Dp);
+    Work w{};
+    carve_work(mem + per_thread * omp_get_thread_num(), D, Dp, &w);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const Item& blk = items[it];
@@ -344,8 +347,8 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         for (int64_t d = 0; d < D; ++d) ob[r * ld + d] = w.o[r * Dp + d] * inv;
       }
     }
-    std::free(w.mem);
   }
+  std::free(mem);
 }
 
 }  // namespace fastenc_cpu
