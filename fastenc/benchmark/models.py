@@ -271,8 +271,8 @@ def _call_wrap(c, spec, inputs):
 
 
 def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str) -> dict[str, float]:
-    """Max abs difference of every provider from transformers (fp32 eager math on CPU) on a small batch with
-    padding (real tokens only). ONNX Runtime above ORT_TOL is removed from timing: a wrong baseline is no baseline."""
+    """Max abs difference of every provider from transformers (the fp32 sdpa model on CPU) on a small batch with
+    padding (real tokens only; on another device/dtype the difference includes that precision's error). ONNX Runtime above ORT_TOL is removed from timing: a wrong baseline is no baseline."""
     if spec.kind == "vision":
         inputs = image_batch(2, seed=3)
         keep = None
