@@ -408,7 +408,7 @@ def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, qui
     if ref_out is None:
         ref_out = st.output("fastenc-reference", st.fastenc["reference"]()).detach().float() if "reference" in st.fastenc else None
     samples = timing.interleaved(good, device, warmup=warmup, repeats=5 if quick else 10,
-                                 min_time_s=0.3 if quick else 1.0, max_repeats=50 if quick else 200)
+                                 min_time_s=0.3 if quick else 1.0, max_repeats=50 if quick else 200, flush_l2=True)
     bw = ceilings.get("copy_bandwidth", {}).get("value", float("nan"))
     gemm = ceilings.get("gemm_rate", {}).get("value", float("nan"))
     base = {"op": case.op, "shape": case.shape, "source": case.source, "tokens": case.tokens,

@@ -70,13 +70,15 @@ def _time_call_cpu(fn: Callable[[], object]) -> float:
 
 def interleaved(fns: Mapping[str, Callable[[], object]], device: str = "cpu", warmup: int = 1, repeats: int = 5,
                 min_time_s: float = 0.0, max_repeats: int | None = None,
-                on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+                on_round: Callable[[], None] | None = None, flush_l2: bool = False) -> dict[str, list[float]]:
     """Time every callable in `fns` round-robin (A B C A B C ...), returning name -> samples in ms.
 
     warmup:     untimed rounds first (compilation, caches, allocator).
     repeats:    timed rounds; more rounds are added until `min_time_s` of total timed work has passed,
                 up to `max_repeats` (so microsecond kernels get enough samples and second-long models do not).
     The order inside a round rotates each round so no provider always runs right after the same one.
+    flush_l2:   on CUDA, overwrite a 256 MiB buffer before each timed call (outside the events) so a kernel
+                does not find its inputs in L2 from the previous call (as Triton's do_bench does).
     """
     names = list(fns)
     dev = torch.device(device)
@@ -85,6 +87,7 @@ def interleaved(fns: Mapping[str, Callable[[], object]], device: str = "cpu", wa
             fns[n]()
         sync(dev)
     samples: dict[str, list[float]] = {n: [] for n in names}
+    scratch = torch.empty(64 * 2**20, dtype=torch.int32, device=dev) if flush_l2 and dev.type == "cuda" else None
     max_repeats = max(repeats, max_repeats or repeats)
     spent = 0.0
     r = 0
@@ -94,6 +97,8 @@ def interleaved(fns: Mapping[str, Callable[[], object]], device: str = "cpu", wa
             events = []
             for n in order:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if scratch is not None:
+                    scratch.zero_()
                 start.record()
                 fns[n]()
                 end.record()
