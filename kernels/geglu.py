@@ -28,6 +28,7 @@ def _geglu_fwd_kernel(X, Y, M, N, stride_x, stride_y, APPROX_TANH: tl.constexpr,
 
 def geglu_fwd(x: torch.Tensor, approximate: str, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: (rows, 2n) with unit column stride, fp32/fp16/bf16 -> (rows, n) in x's dtype (into `out` when given)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
     m, n2 = x.shape
     n = n2 // 2
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out

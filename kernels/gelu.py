@@ -56,6 +56,8 @@ def gelu_fwd(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, *,
 
     Returns gelu(x + bias), (rows, n) in x's dtype (into `out` when given); approximate 'none' (erf) or 'tanh'.
     """
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    bias = None if bias is None else bias.contiguous()
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0 or n == 0:

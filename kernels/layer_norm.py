@@ -105,7 +105,15 @@ def norm_config(n: int) -> dict[str, int]:
     return {"BLOCK_N": block, "ROWS": rows, "ONE_PASS": one_pass, "num_warps": warps}
 
 
+def _unit_cols(t: torch.Tensor) -> torch.Tensor:
+    """Rows may be strided; columns must be unit-stride for the vectorized loads."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def _launch(x, weight, bias, residual, eps, rms, out=None, residual_out=None):
+    x, weight = _unit_cols(x), weight.contiguous()
+    residual = None if residual is None else _unit_cols(residual)
+    bias = None if bias is None else bias.contiguous()
     m, n = x.shape
     y = torch.empty_like(x) if out is None else out
     h = None if residual is None else torch.empty_like(x) if residual_out is None else residual_out
