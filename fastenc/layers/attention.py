@@ -32,8 +32,16 @@ class SelfAttention(nn.Module):
                 rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x: (tokens, hidden); cu_seqlens int32 (batch+1,); rope: (cos, sin, positions int32 (tokens,)) or None."""
         t = x.shape[0]
-        qkv = self.Wqkv(x).view(t, 3, self.heads, self.head_dim)
-        q, k, v = qkv.unbind(1)
+        if x.device.type == "cpu" and type(self.Wqkv) is Linear:  # (a Wqkv carrying unmerged LoRA: own forward)
+            # One batched GEMM over the three (hidden, hidden) blocks of Wqkv writes q, k and v as separate
+            # contiguous (tokens, hidden) planes: the attention kernel reads them with no copy.
+            w = self.Wqkv.weight.view(3, self.hidden, -1).transpose(1, 2)
+            xb = x.unsqueeze(0).expand(3, t, x.shape[1])
+            b = self.Wqkv.bias
+            qkv = torch.bmm(xb, w) if b is None else torch.baddbmm(b.view(3, 1, self.hidden), xb, w)
+            q, k, v = (u.view(t, self.heads, self.head_dim) for u in qkv.unbind(0))
+        else:
+            q, k, v = self.Wqkv(x).view(t, 3, self.heads, self.head_dim).unbind(1)
         if rope is not None:
             cos, sin, pos = rope
             q, k = ops.rope(q, k, cos, sin, position_ids=pos)

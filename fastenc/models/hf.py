@@ -41,7 +41,7 @@ def _fast_forward(self, *args, **kwargs):
     extra = a.pop("kwargs", {}) or {}
     a.update(extra)
     slow = self.training or any(k not in _HANDLED and k not in _IGNORED_FALSEY for k, v in a.items() if v is not None)
-    slow = slow or any(a.get(k) not in (None, False) for k in _IGNORED_FALSEY)
+    slow = slow or any(a.get(k) is not None and a.get(k) is not False for k in _IGNORED_FALSEY)
     fe = self.__dict__["_fastenc"]
     if slow or fe is None:
         return type(self).__mro__[1].forward(self, *args, **kwargs)

@@ -67,3 +67,13 @@ def test_fallback_to_transformers_for_unserved_options():
 def test_accelerate_rejects_unsupported():
     with pytest.raises(ValueError, match="unsupported architecture 'Linear'; supported: BertModel"):
         fastenc.accelerate(torch.nn.Linear(2, 2))
+
+
+def test_labels_go_to_transformers_for_the_loss():
+    hf = _hf.bert("sequence_classification")
+    acc = fastenc.accelerate(hf)
+    ids, mask, _ = _hf.text_batch([6, 3], seed=13)
+    with torch.no_grad():
+        out = acc(ids, attention_mask=mask, labels=torch.tensor([1, 4]))
+        ref = hf(ids, attention_mask=mask, labels=torch.tensor([1, 4]))
+    assert out.loss is not None and float((out.loss - ref.loss).abs()) < 1e-5

@@ -108,3 +108,24 @@ def test_vit_without_pooler_and_no_qkv_bias():
     with torch.no_grad():
         ref = hf(x).last_hidden_state
     _close(fe(x), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_bert_low_precision_to(dtype):
+    # .to(dtype) runs end to end in low precision; error within the tolerance rule against transformers' own
+    # low-precision error (both measured against transformers in fp32).
+    from fastenc import testing
+
+    hf = _hf.bert("base", hidden=64, heads=4)
+    ids, mask, _ = _hf.text_batch([17, 5, 40], seed=21)
+    with torch.no_grad():
+        ref32 = hf(ids, attention_mask=mask).last_hidden_state
+    fe = fastenc.from_hf(hf).to(dtype=dtype)
+    assert fe.layers[0].attn.Wqkv.weight.dtype == dtype
+    out = fe(ids, mask)
+    assert out.dtype == dtype
+    m = mask.bool()
+    hf_lowp = _hf.bert("base", hidden=64, heads=4).to(dtype)
+    with torch.no_grad():
+        ref_lowp = hf_lowp(ids, attention_mask=mask).last_hidden_state
+    testing.assert_close(out[m].float(), ref32[m], ref_lowp[m].float(), dtype=dtype)
