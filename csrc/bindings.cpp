@@ -26,12 +26,32 @@ void check_cpu(const Tensor& t, const char* name) {
 }
 
 // ---------------------------------------------------------------- norm (cpu)
+bool all_bf16(std::initializer_list<Tensor> ts) {
+  for (const auto& t : ts)
+    if (t.scalar_type() != at::kBFloat16) return false;
+  return true;
+}
+// bf16 tensors as raw bits for the bf16-storage kernels (cpu_kernels.h); contiguous tensors only.
+uint16_t* bptr(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+uint16_t* bptr(const OptTensor& t) { return t.has_value() ? bptr(*t) : nullptr; }
+
 std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, const OptTensor& bias,
                                        const OptTensor& residual, double eps, bool rms) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2, "norm: x must be (rows, hidden)");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.numel() == hidden, "norm: weight must have ", hidden, " elements, got ", weight.numel());
+  if (all_bf16({x, weight}) && (!bias || all_bf16({*bias})) && (!residual || all_bf16({*residual}))) {
+    // bf16 end to end: no fp32 copies; h = x + r is rounded to bf16 before it is normalized.
+    Tensor xc = x.contiguous(), wc = weight.contiguous();
+    OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
+    OptTensor rc = residual ? OptTensor(residual->contiguous()) : std::nullopt;
+    Tensor out = at::empty({rows, hidden}, xc.options());
+    OptTensor hout = residual ? OptTensor(at::empty({rows, hidden}, xc.options())) : std::nullopt;
+    fastenc_cpu::norm_fwd_bf16(bptr(xc), bptr(rc), bptr(wc), bptr(bc), bptr(out), bptr(hout), rows, hidden,
+                               (float)eps, rms);
+    return {out, hout};
+  }
   Tensor xf = f32(x), wf = f32(weight);
   OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
   OptTensor rf = residual.has_value() ? OptTensor(f32(*residual)) : std::nullopt;
@@ -57,6 +77,13 @@ std::tuple<Tensor, OptTensor> rms_norm(const Tensor& x, const Tensor& weight, co
 Tensor gelu(const Tensor& x, const OptTensor& bias, const std::string& approximate) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2, "gelu: x must be (rows, n)");
+  if (all_bf16({x}) && (!bias || all_bf16({*bias}))) {
+    Tensor xc = x.contiguous();
+    OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
+    Tensor out = at::empty_like(xc);
+    fastenc_cpu::gelu_fwd_bf16(bptr(xc), bptr(bc), bptr(out), x.size(0), x.size(1), approximate == "tanh");
+    return out;
+  }
   Tensor xf = f32(x);
   OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
   Tensor out = at::empty_like(xf);
@@ -68,8 +95,14 @@ Tensor gelu(const Tensor& x, const OptTensor& bias, const std::string& approxima
 Tensor geglu(const Tensor& x, const std::string& approximate) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "geglu: x must be (rows, 2n)");
-  Tensor xf = f32(x);
   const int64_t n = x.size(1) / 2;
+  if (all_bf16({x})) {
+    Tensor xc = x.contiguous();
+    Tensor out = at::empty({x.size(0), n}, xc.options());
+    fastenc_cpu::geglu_fwd_bf16(bptr(xc), bptr(out), x.size(0), n, approximate == "tanh");
+    return out;
+  }
+  Tensor xf = f32(x);
   Tensor out = at::empty({x.size(0), n}, xf.options());
   fastenc_cpu::geglu_fwd(xf.data_ptr<float>(), out.data_ptr<float>(), x.size(0), n, approximate == "tanh");
   return out.to(x.scalar_type());

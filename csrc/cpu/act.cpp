@@ -1,8 +1,9 @@
 // GELU (+bias) and GeGLU on the CPU, fp32, OpenMP over rows, vectorized inner loops (fast_math.h).
 // exact: gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2));  tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-// GeGLU (ModernBERT order): out = gelu(x[:, :n]) * x[:, n:].
+// GeGLU (ModernBERT order): out = gelu(x[:, :n]) * x[:, n:]. fp32 or bf16 storage (storage.h), fp32 math.
 #include "cpu_kernels.h"
 #include "fast_math.h"
+#include "storage.h"
 
 namespace fastenc_cpu {
 
@@ -13,51 +14,65 @@ FASTENC_INLINE float act(float v) {
   return TANH ? fm_gelu_tanh(v) : fm_gelu_erf(v);
 }
 
-template <bool TANH, bool BIAS>
-void gelu_rows(const float* __restrict x, const float* __restrict bias, float* __restrict out, int64_t rows,
-               int64_t n) {
+template <class S, bool TANH, bool BIAS>
+void gelu_rows(const typename S::T* __restrict x, const typename S::T* __restrict bias,
+               typename S::T* __restrict out, int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict xr = x + r * n;
-    float* __restrict yr = out + r * n;
+    const typename S::T* __restrict xr = x + r * n;
+    typename S::T* __restrict yr = out + r * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) yr[i] = act<TANH>(BIAS ? xr[i] + bias[i] : xr[i]);
+    for (int64_t i = 0; i < n; ++i) yr[i] = S::store(act<TANH>(BIAS ? S::load(xr[i]) + S::load(bias[i]) : S::load(xr[i])));
   }
 }
 
-template <bool TANH>
-void geglu_rows(const float* __restrict x, float* __restrict out, int64_t rows, int64_t n) {
+template <class S, bool TANH>
+void geglu_rows(const typename S::T* __restrict x, typename S::T* __restrict out, int64_t rows, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict in = x + r * 2 * n;
-    const float* __restrict gate = in + n;
-    float* __restrict yr = out + r * n;
+    const typename S::T* __restrict in = x + r * 2 * n;
+    const typename S::T* __restrict gate = in + n;
+    typename S::T* __restrict yr = out + r * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) yr[i] = act<TANH>(in[i]) * gate[i];
+    for (int64_t i = 0; i < n; ++i) yr[i] = S::store(act<TANH>(S::load(in[i])) * S::load(gate[i]));
+  }
+}
+
+template <class S>
+void gelu_dispatch(const typename S::T* x, const typename S::T* bias, typename S::T* out, int64_t rows, int64_t n,
+                   bool tanh_approx) {
+  if (rows == 1 && n > 4096) {  // one long row: split it so every thread gets a share
+    const int64_t chunk = 1024, parts = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t a = p * chunk, len = (n - a < chunk) ? n - a : chunk;
+      gelu_dispatch<S>(x + a, bias != nullptr ? bias + a : nullptr, out + a, 1, len, tanh_approx);
+    }
+    return;
+  }
+  if (tanh_approx) {
+    bias != nullptr ? gelu_rows<S, true, true>(x, bias, out, rows, n) : gelu_rows<S, true, false>(x, bias, out, rows, n);
+  } else {
+    bias != nullptr ? gelu_rows<S, false, true>(x, bias, out, rows, n) : gelu_rows<S, false, false>(x, bias, out, rows, n);
   }
 }
 
 }  // namespace
 
 void gelu_fwd(const float* x, const float* bias, float* out, int64_t rows, int64_t n, bool tanh_approx) {
-  if (rows == 1 && n > 4096) {  // one long row: split it so every thread gets a share
-    const int64_t chunk = 1024, parts = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < parts; ++p) {
-      const int64_t a = p * chunk, len = (n - a < chunk) ? n - a : chunk;
-      gelu_fwd(x + a, bias != nullptr ? bias + a : nullptr, out + a, 1, len, tanh_approx);
-    }
-    return;
-  }
-  if (tanh_approx) {
-    bias != nullptr ? gelu_rows<true, true>(x, bias, out, rows, n) : gelu_rows<true, false>(x, bias, out, rows, n);
-  } else {
-    bias != nullptr ? gelu_rows<false, true>(x, bias, out, rows, n) : gelu_rows<false, false>(x, bias, out, rows, n);
-  }
+  gelu_dispatch<F32>(x, bias, out, rows, n, tanh_approx);
+}
+
+void gelu_fwd_bf16(const uint16_t* x, const uint16_t* bias, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx) {
+  gelu_dispatch<BF16>(x, bias, out, rows, n, tanh_approx);
 }
 
 void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, bool tanh_approx) {
-  tanh_approx ? geglu_rows<true>(x, out, rows, n) : geglu_rows<false>(x, out, rows, n);
+  tanh_approx ? geglu_rows<F32, true>(x, out, rows, n) : geglu_rows<F32, false>(x, out, rows, n);
+}
+
+void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx) {
+  tanh_approx ? geglu_rows<BF16, true>(x, out, rows, n) : geglu_rows<BF16, false>(x, out, rows, n);
 }
 
 }  // namespace fastenc_cpu

@@ -21,4 +21,11 @@ void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, bool tanh_ap
 void rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
               const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half);
 
+// bf16 storage variants (raw bits) of the three above: fp32 math, one rounding per stored value; with a residual,
+// residual_out must be given (h is rounded to bf16 and normalized from the rounded value).
+void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, const uint16_t* bias,
+                   uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden, float eps, bool rms);
+void gelu_fwd_bf16(const uint16_t* x, const uint16_t* bias, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx);
+void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx);
+
 }  // namespace fastenc_cpu

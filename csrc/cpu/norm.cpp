@@ -2,52 +2,71 @@
 // Per row h = x (+ r):  mean = sum(h)/N,  var = sum((h-mean)^2)/N  (two-pass variance over a row held in L1:
 // no sum(h^2) - mean^2 cancellation), y = (h - mean) * rsqrt(var + eps) * w (+ b);
 // RMSNorm: y = h * rsqrt(sum(h^2)/N + eps) * w. The residual sum is formed in the same pass as sum(h).
+// fp32 or bf16 storage (storage.h), fp32 math.
 #include <cmath>
 
 #include "cpu_kernels.h"
+#include "storage.h"
 
 namespace fastenc_cpu {
 
 namespace {
 
-template <bool RMS, bool BIAS>
-void norm_rows(const float* __restrict x, const float* __restrict residual, const float* __restrict weight,
-               const float* __restrict bias, float* __restrict out, float* __restrict residual_out, int64_t rows,
-               int64_t hidden, float eps) {
+// S: storage type (F32 or BF16). With a residual, h = x + r is rounded to S, stored, and normalized from the
+// rounded value (what a pre-norm block keeps in its residual stream). For F32 without residual_out, y is the
+// scratch row for h.
+template <class S, bool RMS, bool BIAS>
+void norm_rows(const typename S::T* __restrict x, const typename S::T* __restrict residual,
+               const typename S::T* __restrict weight, const typename S::T* __restrict bias, typename S::T* out,
+               typename S::T* residual_out, int64_t rows, int64_t hidden, float eps) {
+  using T = typename S::T;
   const float inv_n = 1.0f / (float)hidden;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict xr = x + r * hidden;
-    float* yr = out + r * hidden;  // may double as the residual scratch that h points to
-    const float* h = xr;
+    const T* __restrict xr = x + r * hidden;
+    T* yr = out + r * hidden;  // may double as the residual scratch that h points to
+    const T* h = xr;
     float s = 0.f;
     if (residual != nullptr) {
-      const float* __restrict rr = residual + r * hidden;
-      float* hr = residual_out != nullptr ? residual_out + r * hidden : yr;  // y as scratch
+      const T* __restrict rr = residual + r * hidden;
+      T* hr = residual_out != nullptr ? residual_out + r * hidden : yr;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < hidden; ++i) {
-        const float v = xr[i] + rr[i];
+        const T v = S::store(S::load(xr[i]) + S::load(rr[i]));
         hr[i] = v;
-        s += v;
+        s += S::load(v);
       }
       h = hr;
     } else if (!RMS) {
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < hidden; ++i) s += xr[i];
+      for (int64_t i = 0; i < hidden; ++i) s += S::load(xr[i]);
     }
     const float mean = RMS ? 0.f : s * inv_n;
     float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < hidden; ++i) {
-      const float d = h[i] - mean;
+      const float d = S::load(h[i]) - mean;
       ss += d * d;
     }
     const float rstd = 1.f / std::sqrt(ss * inv_n + eps);
 #pragma omp simd
     for (int64_t i = 0; i < hidden; ++i) {
-      const float v = (h[i] - mean) * rstd * weight[i];
-      yr[i] = BIAS ? v + bias[i] : v;
+      const float v = (S::load(h[i]) - mean) * rstd * S::load(weight[i]);
+      yr[i] = S::store(BIAS ? v + S::load(bias[i]) : v);
     }
+  }
+}
+
+template <class S>
+void norm_dispatch(const typename S::T* x, const typename S::T* residual, const typename S::T* weight,
+                   const typename S::T* bias, typename S::T* out, typename S::T* residual_out, int64_t rows,
+                   int64_t hidden, float eps, bool rms) {
+  if (rms) {
+    norm_rows<S, true, false>(x, residual, weight, nullptr, out, residual_out, rows, hidden, eps);
+  } else if (bias != nullptr) {
+    norm_rows<S, false, true>(x, residual, weight, bias, out, residual_out, rows, hidden, eps);
+  } else {
+    norm_rows<S, false, false>(x, residual, weight, nullptr, out, residual_out, rows, hidden, eps);
   }
 }
 
@@ -55,13 +74,12 @@ void norm_rows(const float* __restrict x, const float* __restrict residual, cons
 
 void norm_fwd(const float* x, const float* residual, const float* weight, const float* bias, float* out,
               float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms) {
-  if (rms) {
-    norm_rows<true, false>(x, residual, weight, nullptr, out, residual_out, rows, hidden, eps);
-  } else if (bias != nullptr) {
-    norm_rows<false, true>(x, residual, weight, bias, out, residual_out, rows, hidden, eps);
-  } else {
-    norm_rows<false, false>(x, residual, weight, nullptr, out, residual_out, rows, hidden, eps);
-  }
+  norm_dispatch<F32>(x, residual, weight, bias, out, residual_out, rows, hidden, eps, rms);
+}
+
+void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, const uint16_t* bias,
+                   uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden, float eps, bool rms) {
+  norm_dispatch<BF16>(x, residual, weight, bias, out, residual_out, rows, hidden, eps, rms);
 }
 
 }  // namespace fastenc_cpu
