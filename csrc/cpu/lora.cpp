@@ -1,35 +1,52 @@
-// LoRA merge on the CPU (Hu et al. 2021): W' = W + scale * B @ A, fp32, OpenMP over output rows.
-// Per row o:  delta[i] = sum_k B[o,k] * A[k,i]  (k = 0..r-1, accumulated in a row buffer in fp32),
-//             W'[o,i]  = W[o,i] + scale * delta[i].
-// The unmerged LoRA linear needs two GEMMs and is served by at::addmm in bindings.cpp (see there).
+// LoRA merge on the CPU (Hu et al. 2021): W' = W + scale * B @ A, fp32, OpenMP over blocks of output rows.
+// For a block of RB rows and a chunk of CB columns the partial sums live in a small local tile (L1):
+//   delta[o, i] = sum_k B[o, k] * A[k, i]   (k = 0..r-1; each A chunk row is loaded once per row block),
+//   W'[o, i]    = W[o, i] + scale * delta[o, i].
+// Small merges run on one thread: a parallel region costs more than it saves there, and on a busy machine
+// one descheduled worker stalls the whole region.
+// The unmerged LoRA linear is served by at::addmm in bindings.cpp (it calls this kernel for many tokens).
+#include <algorithm>
 #include <cstddef>
-#include <vector>
 
 #include "lora.h"
 
 namespace fastenc_cpu {
 
+namespace {
+constexpr int64_t RB = 4;    // output rows per block
+constexpr int64_t CB = 128;  // columns per chunk
+constexpr int64_t PARALLEL_MIN_FMAS = int64_t(1) << 24;
+}  // namespace
+
 void merge_lora_fwd(const float* w, const float* a, const float* b, float* out, int64_t rows, int64_t cols,
                     int64_t r, float scale) {
-#pragma omp parallel
-  {
-    std::vector<float> delta(static_cast<size_t>(cols));
-    float* d = delta.data();
-#pragma omp for schedule(static)
-    for (int64_t o = 0; o < rows; ++o) {
+  const int64_t blocks = (rows + RB - 1) / RB;
+  const bool parallel = rows * cols * r >= PARALLEL_MIN_FMAS;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t o0 = blk * RB, nr = std::min(RB, rows - o0);
+    float acc[RB][CB];
+    for (int64_t i0 = 0; i0 < cols; i0 += CB) {
+      const int64_t nc = std::min(CB, cols - i0);
+      for (int64_t rr = 0; rr < RB; ++rr)
 #pragma omp simd
-      for (int64_t i = 0; i < cols; ++i) d[i] = 0.f;
-      const float* bo = b + o * r;
+        for (int64_t i = 0; i < CB; ++i) acc[rr][i] = 0.f;
       for (int64_t k = 0; k < r; ++k) {
-        const float bk = bo[k];
-        const float* ak = a + k * cols;
+        const float* ak = a + k * cols + i0;
+        for (int64_t rr = 0; rr < nr; ++rr) {
+          const float bk = b[(o0 + rr) * r + k];
+          float* ar = acc[rr];
 #pragma omp simd
-        for (int64_t i = 0; i < cols; ++i) d[i] += bk * ak[i];
+          for (int64_t i = 0; i < nc; ++i) ar[i] += bk * ak[i];
+        }
       }
-      const float* wo = w + o * cols;
-      float* yo = out + o * cols;
+      for (int64_t rr = 0; rr < nr; ++rr) {
+        const float* wo = w + (o0 + rr) * cols + i0;
+        float* yo = out + (o0 + rr) * cols + i0;
+        const float* ar = acc[rr];
 #pragma omp simd
-      for (int64_t i = 0; i < cols; ++i) yo[i] = wo[i] + scale * d[i];
+        for (int64_t i = 0; i < nc; ++i) yo[i] = wo[i] + scale * ar[i];
+      }
     }
   }
 }
