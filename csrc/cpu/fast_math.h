@@ -64,49 +64,6 @@ FASTENC_INLINE void fm_split12(float v, float& hi, float& lo) {
   lo = v - hi;
 }
 
-// erf and erfc in two pieces (z = argument of erf, t = |z|):
-//   t <= 0.9:  erf(z) = z * A(z^2)                        (A: degree 5, relative error 1.2e-8)
-//   t >  0.9:  erfc(t) = exp(-t^2 + B(u)), u = (t - 2.7) / 1.8, t clamped to 4.5 inside B
-//              (B: degree 9 fit of log erfc(t) + t^2 on [0.9, 4.5], absolute error 1.7e-8, i.e. erfc to
-//              1.7e-8 relative); -t^2 is carried as an exact hi/lo pair into fm_exp_hl.
-FASTENC_INLINE float fm_erf_small(float z) {  // z * A(z^2), |z| <= 0.9
-  const float s = z * z;
-  float a = -6.090251193e-04f;
-  a = a * s + 5.011937219e-03f;
-  a = a * s - 2.677888700e-02f;
-  a = a * s + 1.128213999e-01f;
-  a = a * s - 3.761252315e-01f;
-  a = a * s + 1.128379154e+00f;
-  return z * a;
-}
-
-// erfc(t) for t >= 0.9, given t^2 = sq_hi + sq_lo (sq_hi exact).
-FASTENC_INLINE float fm_erfc_large(float t, float sq_hi, float sq_lo) {
-  const float tc = t > 4.5f ? 4.5f : t;
-  const float u = (tc - 2.7f) * 0.555555555555555556f;
-  float b = -1.645352800e-05f;
-  b = b * u + 1.553880981e-04f;
-  b = b * u - 6.418696144e-04f;
-  b = b * u + 2.086193898e-03f;
-  b = b * u - 6.384775734e-03f;
-  b = b * u + 1.875912258e-02f;
-  b = b * u - 5.413730511e-02f;
-  b = b * u + 1.622572511e-01f;
-  b = b * u - 5.966551244e-01f;
-  b = b * u - 1.625190713e+00f;
-  return fm_exp_hl(-sq_hi, b - sq_lo);
-}
-
-// erf(z), relative error ~1e-7.
-FASTENC_INLINE float fm_erf(float z) {
-  float t = z < 0.f ? -z : z;
-  t = t > 10.0f ? 10.0f : t;
-  float hi, lo;
-  fm_split12(t, hi, lo);
-  const float large = 1.0f - fm_erfc_large(t, hi * hi, (2.0f * hi + lo) * lo);
-  return t <= 0.9f ? fm_erf_small(z) : (z < 0.f ? -large : large);
-}
-
 // Phi(x) = 0.5 * (1 + erf(x / sqrt 2)) = 1 - erfc(t)/2 (x > 0) or erfc(t)/2 (x <= 0), t = |x|/sqrt 2, with one
 // branch-free formula on the whole line:  erfc(t) = exp(-t^2 + C(u)),  u = (t - 2.25) / 2.25, t clamped to 4.5
 // inside C (C: degree 12 fit of log erfc(t) + t^2 on [0, 4.5], absolute error 8.8e-9, i.e. erfc to 8.8e-9
