@@ -136,6 +136,14 @@ def _rss_bytes() -> int:
 _PAGE = []
 
 
+def _malloc_trim() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _page_size() -> int:
     if not _PAGE:
         import os
@@ -151,7 +159,8 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> tuple[float, s
 
     CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus memory_allocated before.
     CPU:  resident set size (/proc/self/statm) sampled every millisecond by a thread during the call, peak
-          minus the value before (covers allocations by any library in the process, e.g. ONNX Runtime).
+          minus the value before (covers allocations by any library in the process, e.g. ONNX Runtime); freed
+          heap memory is first returned to the system (glibc malloc_trim) so earlier calls do not hide it.
     """
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -161,6 +170,7 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> tuple[float, s
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20, "cuda max_memory_allocated"
+    _malloc_trim()
     before = _rss_bytes()
     if before == 0:
         fn()
