@@ -144,13 +144,16 @@ def _torch_fn(module) -> Callable[[dict], torch.Tensor]:
     return run
 
 
-def onnx_session(spec: ModelSpec, hf_model, threads: int, workdir: Path):
+def onnx_session(spec: ModelSpec, hf_model, threads: int, workdir: Path, log: Callable[[str], None] = print):
     """Export `hf_model` with torch.onnx.export(dynamo=True) and dynamic batch/sequence axes; ORT CPU session."""
     import onnxruntime as ort
 
     wrap = _Wrap(hf_model, spec.kind).eval()
     path = onnx_cache_path(spec, hf_model, workdir)
-    if not path.exists():
+    if path.exists():
+        log(f"{spec.name}: ONNX export from cache {path.parent}")
+    else:
+        log(f"{spec.name}: exporting to ONNX (torch.onnx.export, dynamo=True) ...")
         _export(spec, wrap, hf_model, path)
     names = ["pixel_values"] if spec.kind == "vision" else ["input_ids", "attention_mask"]
     so = ort.SessionOptions()
@@ -256,8 +259,7 @@ def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, 
                 if dev.type != "cpu" or dtype != torch.float32:
                     skipped[name] = "ONNX Runtime baseline runs on CPU in fp32 only"
                     continue
-                log(f"{spec.name}: exporting to ONNX (torch.onnx.export, dynamo=True) ...")
-                fns[name] = onnx_session(spec, copy.deepcopy(hf_model).eval(), threads, workdir)
+                fns[name] = onnx_session(spec, copy.deepcopy(hf_model).eval(), threads, workdir, log)
             else:
                 skipped[name] = f"unknown provider {name!r}"
         except Exception as e:
