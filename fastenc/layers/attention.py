@@ -33,12 +33,18 @@ class SelfAttention(nn.Module):
         """x: (tokens, hidden); cu_seqlens int32 (batch+1,); rope: (cos, sin, positions int32 (tokens,)) or None."""
         t = x.shape[0]
         if x.device.type == "cpu" and type(self.Wqkv) is Linear:  # (a Wqkv carrying unmerged LoRA: own forward)
-            # One batched GEMM over the three (hidden, hidden) blocks of Wqkv writes q, k and v as separate
-            # contiguous (tokens, hidden) planes: the attention kernel reads them with no copy.
-            w = self.Wqkv.weight.view(3, self.hidden, -1).transpose(1, 2)
-            xb = x.unsqueeze(0).expand(3, t, x.shape[1])
+            # The fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous (tokens, hidden)
+            # planes of one buffer: the attention kernel then reads q, k and v with no copy (a single GEMM
+            # would leave them interleaved per token).
+            h = self.hidden
+            w = self.Wqkv.weight.view(3, h, -1)
             b = self.Wqkv.bias
-            qkv = torch.bmm(xb, w) if b is None else torch.baddbmm(b.view(3, 1, self.hidden), xb, w)
+            qkv = x.new_empty(3, t, h)
+            for i in range(3):
+                if b is None:
+                    torch.mm(x, w[i].t(), out=qkv[i])
+                else:
+                    torch.addmm(b[i * h:(i + 1) * h], x, w[i].t(), out=qkv[i])
             q, k, v = (u.view(t, self.heads, self.head_dim) for u in qkv.unbind(0))
         else:
             q, k, v = self.Wqkv(x).view(t, 3, self.heads, self.head_dim).unbind(1)
