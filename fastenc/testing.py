@@ -70,6 +70,18 @@ def randn(*shape: int, dtype=torch.float32, device="cpu", scale: float = 1.0, se
     return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
 
+def shape_id(shape) -> str:
+    """Readable test id of a shape: (17, 1000) -> '17x1000'."""
+    return "x".join(map(str, shape))
+
+
+def interpreter_extra(backend: str, dtype: torch.dtype, ref32: torch.Tensor) -> float:
+    """One bf16 ulp of slack for the Triton interpreter's truncating fp32->bf16 cast (0 elsewhere)."""
+    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
+        return bf16_ulp(ref32)
+    return 0.0
+
+
 def backends_for(op: str, device: str = "cpu") -> list[str]:
     """Backends of `op` that should run in this environment's tests (CPU-only CI: triton runs under
     the interpreter, cpu runs if a compiler exists, cuda only with a GPU)."""

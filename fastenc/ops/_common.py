@@ -52,3 +52,23 @@ def rows_view(x: torch.Tensor, width: int) -> torch.Tensor:
 def empty_or(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """Custom ops cannot return None: an absent optional output travels as an empty tensor."""
     return t if t is not None else like.new_empty(0)
+
+
+def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> list[int]:
+    """Validate FlashAttention-style cu_seqlens; returns it as a Python list."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"{op}: cu_seqlens must be int32, got {str(cu_seqlens.dtype).replace('torch.', '')}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{op}: cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"{op}: cu_seqlens must be on {device}, got {cu_seqlens.device}")
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0:
+        raise ValueError(f"{op}: cu_seqlens must start at 0, got {cu[0]}")
+    if any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {cu}")
+    if cu[-1] != total:
+        raise ValueError(f"{op}: cu_seqlens must end at total_tokens={total}, got {cu[-1]}")
+    return cu

@@ -15,7 +15,7 @@ import torch
 from fastenc import registry
 from fastenc.registry import _dt
 from fastenc.ops import _backends
-from fastenc.ops._common import check_float
+from fastenc.ops._common import check_cu_seqlens, check_float
 from fastenc.reference.attention import attention_varlen_ref
 
 OP = "attention"
@@ -80,26 +80,6 @@ def _window(window) -> tuple[int, int]:
     if left < 0 or right < 0:
         raise ValueError(f"{OP}: window sizes must be >= 0, got (left={left}, right={right})")
     return int(left), int(right)
-
-
-def check_cu_seqlens(cu_seqlens, total: int, device, op: str = OP) -> list[int]:
-    """Validate FlashAttention-style cu_seqlens; returns it as a Python list."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype != torch.int32:
-        raise ValueError(f"{op}: cu_seqlens must be int32, got {str(cu_seqlens.dtype).replace('torch.', '')}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"{op}: cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"{op}: cu_seqlens must be on {device}, got {cu_seqlens.device}")
-    cu = cu_seqlens.tolist()
-    if cu[0] != 0:
-        raise ValueError(f"{op}: cu_seqlens must start at 0, got {cu[0]}")
-    if any(b < a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {cu}")
-    if cu[-1] != total:
-        raise ValueError(f"{op}: cu_seqlens must end at total_tokens={total}, got {cu[-1]}")
-    return cu
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None,

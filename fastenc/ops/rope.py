@@ -5,7 +5,7 @@ import torch
 
 from fastenc import registry
 from fastenc.ops import _backends
-from fastenc.ops._common import check_float
+from fastenc.ops._common import check_cu_seqlens, check_float
 from fastenc.reference.rope import rope_cache, rope_ref
 
 OP = "rope"
@@ -38,20 +38,6 @@ def positions_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Ten
     lengths = cu[1:] - cu[:-1]
     starts = torch.repeat_interleave(cu[:-1], lengths, output_size=total)
     return (torch.arange(total, device=cu.device) - starts).to(torch.int32)
-
-
-def _check_cu_seqlens(cu_seqlens: torch.Tensor, total: int, device) -> None:
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32:
-        got = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
-        raise ValueError(f"{OP}: cu_seqlens must be an int32 tensor, got {got}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
-        raise ValueError(f"{OP}: cu_seqlens must be 1-D of length batch+1, got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"{OP}: cu_seqlens must be on {device}, got {cu_seqlens.device}")
-    cu = cu_seqlens.tolist()
-    if cu[0] != 0 or cu[-1] != total or any(b < a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"{OP}: cu_seqlens must start at 0, be non-decreasing and end at total_tokens={total}, "
-                         f"got {cu[:4]}...{cu[-2:]}")
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
@@ -103,7 +89,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             raise ValueError(f"{OP}: position_ids must be in [0, {cos.shape[0]}) (the cos/sin table), got "
                              f"[{int(pos.min())}, {int(pos.max())}]")
     elif cu_seqlens is not None:
-        _check_cu_seqlens(cu_seqlens, tokens, q.device)
+        check_cu_seqlens(cu_seqlens, tokens, q.device, OP)
         longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
         if longest > cos.shape[0]:
             raise ValueError(f"{OP}: longest sequence {longest} exceeds the cos/sin table ({cos.shape[0]} positions)")

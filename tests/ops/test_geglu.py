@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastenc
-from fastenc import registry, testing
+from fastenc import testing
 from fastenc.reference import geglu_ref
 
 OP = "geglu"
@@ -14,26 +14,15 @@ BACKENDS = testing.backends_for(OP)
 SHAPES = [(1, 768), (17, 2000), (2, 3, 2304), (3, 4200)]
 
 
-def _id(shape):
-    return "x".join(map(str, shape))
-
-
-def _extra(backend, dtype, ref):
-    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
-    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
-        return testing.bf16_ulp(ref)
-    return 0.0
-
-
 def _check(backend, x, approximate):
     out = fastenc.ops.geglu(x, approximate=approximate, backend=backend)
     ref = geglu_ref(x, approximate)
     lowp = geglu_ref(x, approximate, upcast=False) if x.dtype != torch.float32 else None
     assert out.dtype == x.dtype and out.shape == (*x.shape[:-1], x.shape[-1] // 2)
-    testing.assert_close(out, ref, lowp, extra=_extra(backend, x.dtype, ref))
+    testing.assert_close(out, ref, lowp, extra=testing.interpreter_extra(backend, x.dtype, ref))
 
 
-CASES = [pytest.param(be, dt, sh, ap, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-{ap}")
+CASES = [pytest.param(be, dt, sh, ap, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}")
          for be, dt, sh, ap in itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh"))]
 
 
@@ -64,7 +53,7 @@ def test_geglu_non_contiguous(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [(0, 768), (2, 0, 2000), (3, 0)], ids=_id)
+@pytest.mark.parametrize("shape", [(0, 768), (2, 0, 2000), (3, 0)], ids=testing.shape_id)
 def test_geglu_empty(backend, shape):
     x = torch.empty(shape, device=testing.device_for(backend))
     assert fastenc.ops.geglu(x, backend=backend).shape == (*shape[:-1], shape[-1] // 2)
@@ -81,4 +70,4 @@ def test_triton_writes_every_element(dtype):
     geglu_fwd(x, "none", out=y)
     ref = geglu_ref(x)
     testing.assert_close(y, ref, geglu_ref(x, upcast=False) if dtype != torch.float32 else None,
-                         extra=_extra("triton", dtype, ref))
+                         extra=testing.interpreter_extra("triton", dtype, ref))

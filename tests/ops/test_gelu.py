@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fastenc
-from fastenc import registry, testing
+from fastenc import testing
 from fastenc.reference import gelu_ref
 
 OP = "gelu"
@@ -15,26 +15,15 @@ BACKENDS = testing.backends_for(OP)
 SHAPES = [(1, 384), (17, 1000), (2, 3, 1152), (3, 4100)]
 
 
-def _id(shape):
-    return "x".join(map(str, shape))
-
-
-def _extra(backend, dtype, ref):
-    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
-    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
-        return testing.bf16_ulp(ref)
-    return 0.0
-
-
 def _check(backend, x, bias, approximate):
     out = fastenc.ops.gelu(x, bias, approximate=approximate, backend=backend)
     ref = gelu_ref(x, bias, approximate)
     lowp = gelu_ref(x, bias, approximate, upcast=False) if x.dtype != torch.float32 else None
     assert out.dtype == x.dtype and out.shape == x.shape
-    testing.assert_close(out, ref, lowp, extra=_extra(backend, x.dtype, ref))
+    testing.assert_close(out, ref, lowp, extra=testing.interpreter_extra(backend, x.dtype, ref))
 
 
-CASES = [pytest.param(be, dt, sh, bias, ap, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-{ap}{'-bias' if bias else ''}")
+CASES = [pytest.param(be, dt, sh, bias, ap, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}{'-bias' if bias else ''}")
          for be, dt, sh, (bias, ap) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
                                                          ((False, "none"), (True, "none"), (True, "tanh")))]
 
@@ -69,7 +58,7 @@ def test_gelu_non_contiguous(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0), ()], ids=lambda s: _id(s) or "scalar")
+@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0), ()], ids=lambda s: testing.shape_id(s) or "scalar")
 def test_gelu_empty_and_scalar(backend, shape):
     dev = testing.device_for(backend)
     x = torch.randn(shape, device=dev)
@@ -90,7 +79,7 @@ def test_triton_writes_every_element(dtype):
     gelu_fwd(x, b, "none", out=y)
     ref = gelu_ref(x, b)
     testing.assert_close(y, ref, gelu_ref(x, b, upcast=False) if dtype != torch.float32 else None,
-                         extra=_extra("triton", dtype, ref))
+                         extra=testing.interpreter_extra("triton", dtype, ref))
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not registered")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastenc
-from fastenc import registry, testing
+from fastenc import testing
 from fastenc.reference import layer_norm_ref
 
 OP = "layer_norm"
@@ -13,17 +13,6 @@ BACKENDS = testing.backends_for(OP)
 # (leading dims..., hidden): odd hidden sizes, one and several rows, extra leading dims; rows stay small
 # because the triton backend runs under the interpreter here.
 SHAPES = [(1, 384), (17, 1000), (3, 5, 1152)]
-
-
-def _id(shape):
-    return "x".join(map(str, shape))
-
-
-def _extra(backend, dtype, ref):
-    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
-    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
-        return testing.bf16_ulp(ref)
-    return 0.0
 
 
 def _as_tuple(v, n):
@@ -38,10 +27,10 @@ def _check(backend, x, w, b, r, eps=1e-5):
     n = 2 if r is not None else 1
     for name, o, rf, lp in zip(("y", "h"), _as_tuple(out, n), _as_tuple(ref, n), _as_tuple(lowp, n)):
         assert o.dtype == x.dtype and o.shape == x.shape
-        testing.assert_close(o, rf, lp, extra=_extra(backend, x.dtype, rf), name=name)
+        testing.assert_close(o, rf, lp, extra=testing.interpreter_extra(backend, x.dtype, rf), name=name)
 
 
-CASES = [pytest.param(be, dt, sh, bias, res, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-{'bias' if bias else 'nobias'}"
+CASES = [pytest.param(be, dt, sh, bias, res, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{'bias' if bias else 'nobias'}"
                                                   f"{'-res' if res else ''}")
          for be, dt, sh, bias, res in itertools.product(BACKENDS, testing.DTYPES, SHAPES, (True, False), (False, True))]
 
@@ -80,7 +69,7 @@ def test_layer_norm_non_contiguous(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0)], ids=_id)
+@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0)], ids=testing.shape_id)
 def test_layer_norm_empty(backend, shape):
     dev = testing.device_for(backend)
     x = torch.empty(shape, device=dev)
@@ -113,5 +102,5 @@ def test_triton_writes_every_element(dtype):
     layer_norm_fwd(x, w, b, r, 1e-5, out=y, residual_out=h)
     ref_y, ref_h = layer_norm_ref(x, w, b, 1e-5, r)
     lp = layer_norm_ref(x, w, b, 1e-5, r, upcast=False) if dtype != torch.float32 else (None, None)
-    testing.assert_close(y, ref_y, lp[0], extra=_extra("triton", dtype, ref_y), name="y")
-    testing.assert_close(h, ref_h, lp[1], extra=_extra("triton", dtype, ref_h), name="h")
+    testing.assert_close(y, ref_y, lp[0], extra=testing.interpreter_extra("triton", dtype, ref_y), name="y")
+    testing.assert_close(h, ref_h, lp[1], extra=testing.interpreter_extra("triton", dtype, ref_h), name="h")

@@ -5,23 +5,12 @@ import pytest
 import torch
 
 import fastenc
-from fastenc import registry, testing
+from fastenc import testing
 from fastenc.reference import rms_norm_ref
 
 OP = "rms_norm"
 BACKENDS = testing.backends_for(OP)
 SHAPES = [(1, 384), (17, 1000), (3, 5, 1152), (2, 4096)]
-
-
-def _id(shape):
-    return "x".join(map(str, shape))
-
-
-def _extra(backend, dtype, ref):
-    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
-    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
-        return testing.bf16_ulp(ref)
-    return 0.0
 
 
 def _as_tuple(v, n):
@@ -35,10 +24,10 @@ def _check(backend, x, w, r, eps=1e-6):
     n = 2 if r is not None else 1
     for name, o, rf, lp in zip(("y", "h"), _as_tuple(out, n), _as_tuple(ref, n), _as_tuple(lowp, n)):
         assert o.dtype == x.dtype and o.shape == x.shape
-        testing.assert_close(o, rf, lp, extra=_extra(backend, x.dtype, rf), name=name)
+        testing.assert_close(o, rf, lp, extra=testing.interpreter_extra(backend, x.dtype, rf), name=name)
 
 
-CASES = [pytest.param(be, dt, sh, res, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}{'-res' if res else ''}")
+CASES = [pytest.param(be, dt, sh, res, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}{'-res' if res else ''}")
          for be, dt, sh, res in itertools.product(BACKENDS, testing.DTYPES, SHAPES, (False, True))]
 
 
@@ -71,7 +60,7 @@ def test_rms_norm_non_contiguous(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768)], ids=_id)
+@pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768)], ids=testing.shape_id)
 def test_rms_norm_empty(backend, shape):
     dev = testing.device_for(backend)
     x = torch.empty(shape, device=dev)
@@ -94,5 +83,5 @@ def test_triton_writes_every_element(dtype):
     rms_norm_fwd(x, w, r, 1e-6, out=y, residual_out=h)
     ref_y, ref_h = rms_norm_ref(x, w, 1e-6, r)
     lp = rms_norm_ref(x, w, 1e-6, r, upcast=False) if dtype != torch.float32 else (None, None)
-    testing.assert_close(y, ref_y, lp[0], extra=_extra("triton", dtype, ref_y), name="y")
-    testing.assert_close(h, ref_h, lp[1], extra=_extra("triton", dtype, ref_h), name="h")
+    testing.assert_close(y, ref_y, lp[0], extra=testing.interpreter_extra("triton", dtype, ref_y), name="y")
+    testing.assert_close(h, ref_h, lp[1], extra=testing.interpreter_extra("triton", dtype, ref_h), name="h")

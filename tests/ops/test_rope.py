@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fastenc
-from fastenc import registry, testing
+from fastenc import testing
 from fastenc.ops.rope import positions_from_cu_seqlens
 from fastenc.reference import rope_cache, rope_ref
 
@@ -16,16 +16,9 @@ BACKENDS = testing.backends_for(OP)
 SHAPES = [(1, 1, 3, 3, 64, 64), (2, 17, 4, 2, 64, 64), (1, 33, 2, 2, 80, 80), (2, 9, 3, 1, 64, 32)]
 
 
-def _id(s):
+def _rope_id(s):
     b, n, hq, hk, d, r = s
     return f"{b}x{n}x{hq}/{hk}x{d}" + (f"r{r}" if r != d else "")
-
-
-def _extra(backend, dtype, ref):
-    """One bf16 ulp for the Triton interpreter's truncating fp32->bf16 cast."""
-    if backend == "triton" and dtype == torch.bfloat16 and registry.interpreter_on():
-        return testing.bf16_ulp(ref)
-    return 0.0
 
 
 def _flat_positions(q, position_ids, cu_seqlens):
@@ -48,12 +41,12 @@ def _check(backend, q, k, cos, sin, position_ids=None, cu_seqlens=None):
     lowp = rope_ref(q3, k3, cos, sin, pos, upcast=False) if q.dtype != torch.float32 else (None, None)
     for name, o, x, r, lp in zip(("q", "k"), (qo, ko), (q, k), ref, lowp):
         assert o.shape == x.shape and o.dtype == x.dtype
-        testing.assert_close(o.reshape(r.shape), r, lp, extra=_extra(backend, x.dtype, r), name=name)
+        testing.assert_close(o.reshape(r.shape), r, lp, extra=testing.interpreter_extra(backend, x.dtype, r), name=name)
 
 
 # ModernBERT's two thetas: 10000 (local layers) with the 4-D layout, 160000 (global) with packed tokens; the
 # position_ids and transformers tests below cover the other pairings.
-CASES = [pytest.param(be, dt, sh, theta, layout, id=f"{be}-{testing.dtype_id(dt)}-{_id(sh)}-theta{int(theta)}-{layout}")
+CASES = [pytest.param(be, dt, sh, theta, layout, id=f"{be}-{testing.dtype_id(dt)}-{_rope_id(sh)}-theta{int(theta)}-{layout}")
          for be, dt, sh, (theta, layout) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
                                                               ((10000.0, "bshd"), (160000.0, "packed")))]
 
@@ -139,7 +132,7 @@ def test_rope_matches_transformers(backend, theta, layer_type, dtype):
         # both round once from fp32: equal up to one rounding of the output dtype (+ fp32 noise)
         testing.assert_close(o.cpu(), hf.float(), None, dtype=torch.float32,
                              extra=0.0 if dtype == torch.float32 else 2 * float(hf.float().abs().max()) * 2.0 ** -11
-                             + _extra(backend, dtype, r))
+                             + testing.interpreter_extra(backend, dtype, r))
 
 
 @pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
@@ -156,5 +149,5 @@ def test_triton_writes_every_element(dtype):
     rope_fwd(q, k, cos, sin, pos, q_out=qo, k_out=ko)
     ref = rope_ref(q, k, cos, sin, pos)
     lowp = rope_ref(q, k, cos, sin, pos, upcast=False) if dtype != torch.float32 else (None, None)
-    testing.assert_close(qo, ref[0], lowp[0], extra=_extra("triton", dtype, ref[0]), name="q")
-    testing.assert_close(ko, ref[1], lowp[1], extra=_extra("triton", dtype, ref[1]), name="k")
+    testing.assert_close(qo, ref[0], lowp[0], extra=testing.interpreter_extra("triton", dtype, ref[0]), name="q")
+    testing.assert_close(ko, ref[1], lowp[1], extra=testing.interpreter_extra("triton", dtype, ref[1]), name="k")
