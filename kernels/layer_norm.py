@@ -142,6 +142,23 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return _launch(x, weight, bias, residual, eps, False, out, residual_out)
 
 
+def norm_compile_spec(name: str, dt: str, hidden: int, res: bool, bias: bool, rms: bool) -> dict:
+    """One compile spec (kernels/_compile.py convention) of the shared norm kernel at this width."""
+    cfg = norm_config(hidden)
+    p = "*" + dt
+    return {
+        "name": name, "fn": _norm_fwd_kernel,
+        "signature": {"X": p, "R": p, "W": p, "B": p, "Y": p, "H": p, "M": "i32", "N": "i32",
+                      "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_h": "i32",
+                      "eps": "fp32", "HAS_RES": "constexpr", "HAS_BIAS": "constexpr", "IS_RMS": "constexpr",
+                      "BLOCK_N": "constexpr", "ROWS": "constexpr", "ONE_PASS": "constexpr"},
+        "constexprs": {"HAS_RES": res, "HAS_BIAS": bias, "IS_RMS": rms, "BLOCK_N": cfg["BLOCK_N"],
+                       "ROWS": cfg["ROWS"], "ONE_PASS": cfg["ONE_PASS"]},
+        "divisible_by_16": ["N", "stride_x", "stride_r", "stride_y", "stride_h"] if hidden % 16 == 0 else [],
+        "num_warps": cfg["num_warps"], "num_stages": 1,
+    }
+
+
 def compile_specs() -> list[dict]:
     """Representative configurations for the compile-for-sm_80/sm_90 check (see _compile.py)."""
     specs = []
@@ -155,17 +172,5 @@ def compile_specs() -> list[dict]:
         ("rms_bf16_4096_res", "bf16", 4096, True, False, True),
     ]
     for name, dt, hidden, res, bias, rms in cases:
-        cfg = norm_config(hidden)
-        p = "*" + dt
-        specs.append({
-            "name": name, "fn": _norm_fwd_kernel,
-            "signature": {"X": p, "R": p, "W": p, "B": p, "Y": p, "H": p, "M": "i32", "N": "i32",
-                          "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_h": "i32",
-                          "eps": "fp32", "HAS_RES": "constexpr", "HAS_BIAS": "constexpr", "IS_RMS": "constexpr",
-                          "BLOCK_N": "constexpr", "ROWS": "constexpr", "ONE_PASS": "constexpr"},
-            "constexprs": {"HAS_RES": res, "HAS_BIAS": bias, "IS_RMS": rms, "BLOCK_N": cfg["BLOCK_N"],
-                           "ROWS": cfg["ROWS"], "ONE_PASS": cfg["ONE_PASS"]},
-            "divisible_by_16": ["N", "stride_x", "stride_r", "stride_y", "stride_h"] if hidden % 16 == 0 else [],
-            "num_warps": cfg["num_warps"], "num_stages": 1,
-        })
+        specs.append(norm_compile_spec(name, dt, hidden, res, bias, rms))
     return specs
