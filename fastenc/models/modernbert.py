@@ -112,15 +112,19 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
 
-class ModernBertForSequenceClassification(ModernBertModel):
-    """logits = classifier(head(pool(hidden))), pool = first token ('cls') or masked mean ('mean')."""
-    task = "sequence_classification"
+class _ModernBertWithHead(ModernBertModel):
+    """ModernBertModel + prediction head (dense, act, norm) + classifier Linear(hidden, num_labels)."""
 
     def __init__(self, config: ModernBertConfig):
         super().__init__(config)
         self.head = ModernBertHead(config)
         self.classifier = Linear(config.hidden_size, config.num_labels)
         self.requires_grad_(False)
+
+
+class ModernBertForSequenceClassification(_ModernBertWithHead):
+    """logits = classifier(head(pool(hidden))), pool = first token ('cls') or masked mean ('mean')."""
+    task = "sequence_classification"
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         x, batch = self._encode(input_ids, attention_mask)
@@ -128,15 +132,9 @@ class ModernBertForSequenceClassification(ModernBertModel):
         return self.classifier(self.head(pooled))
 
 
-class ModernBertForTokenClassification(ModernBertModel):
+class ModernBertForTokenClassification(_ModernBertWithHead):
     """logits = classifier(head(hidden)): (batch, seq, num_labels), zeros at padded positions."""
     task = "token_classification"
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__(config)
-        self.head = ModernBertHead(config)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
-        self.requires_grad_(False)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         x, batch = self._encode(input_ids, attention_mask)

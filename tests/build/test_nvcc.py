@@ -144,7 +144,7 @@ def _demangle(names: list[str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def compiled(request):
+def compiled(write_table):
     """Compile every (source, arch) pair once, two at a time; print the per-kernel table at module teardown."""
     jobs = [(s, a) for s in SOURCES for a in archs_for(s)]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=2) as pool:
@@ -162,15 +162,7 @@ def compiled(request):
                      f"{names[k.name]}")
     lines.append("(flash_fwd_kernel<T, D> also takes 5 * 64 * (D + 8) * 2 bytes of dynamic shared memory: "
                  "Q, K x2, V x2 tiles)")
-    # Written past pytest's output capture so the table lands in every CI log, passing or not.
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    if capman is not None and reporter is not None:
-        with capman.global_and_fixture_disabled():
-            for line in lines:
-                reporter.write_line(line)
-    else:
-        print("\n".join(lines))
+    write_table(lines)
 
 
 def test_sources_found():

@@ -42,7 +42,7 @@ PARAMS, MODULES_WITHOUT_SPECS = _collect()
 
 
 @pytest.fixture(scope="module")
-def report(request):
+def report(write_table):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,14 +64,7 @@ def report(request):
             lines.append(f"sm_{r['cc']:<3} {r['registers']:>4} {r['shared_bytes']:>6} "
                          f"{r['spill_stores'] + r['spill_loads']:>5} {r['num_warps']:>5}  "
                          f"{r['module'].rsplit('.', 1)[1]}:{r['name']}")
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    if capman is not None and reporter is not None:
-        with capman.global_and_fixture_disabled():
-            for line in lines:
-                reporter.write_line(line)
-    else:
-        print("\n".join(lines))
+    write_table(lines)
 
 
 def test_every_kernel_module_has_compile_specs():
