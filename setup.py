@@ -18,9 +18,13 @@ if os.environ.get("FASTENC_BUILD_EXT", "0") not in ("", "0"):
     cuda = torch.version.cuda is not None and CUDA_HOME is not None
     srcs = ["csrc/bindings.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     archs = [a for a in os.environ.get("FASTENC_CUDA_ARCHS", "80;90").replace(",", ";").split(";") if a]
-    cxx = ["-O3", "-fopenmp"]
-    if os.environ.get("FASTENC_CPU_ARCH"):
-        cxx.append(f"-march={os.environ['FASTENC_CPU_ARCH']}")
+    import importlib.util
+
+    # the JIT build's compiler flags (fastenc/extension.py needs only torch; the package itself is not imported)
+    spec = importlib.util.spec_from_file_location("_fastenc_extension", os.path.join("fastenc", "extension.py"))
+    ext_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext_py)
+    cxx = ext_py.cflags(aot=True)  # -march only from FASTENC_CPU_ARCH
     kw = dict(name="fastenc._C", include_dirs=[os.path.abspath("csrc/common"), os.path.abspath("csrc")],
               extra_link_args=["-fopenmp"])
     if cuda:
