@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cpu/attention.h"
+#include "cpu/buffer_cache.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/lora.h"
 
@@ -16,6 +17,45 @@ using at::Tensor;
 using OptTensor = std::optional<Tensor>;
 
 namespace {
+
+// ---------------------------------------------------------------- buffer cache (cpu)
+// Outputs of the CPU kernels from fastenc's caching allocator (csrc/cpu/buffer_cache.h): large blocks are reused
+// across layers and calls instead of being faulted in afresh. FASTENC_CPU_CACHE=0 (or set_buffer_cache(false))
+// gives plain at::empty. Such tensors cannot be resized in place (like any tensor over external memory).
+bool& cache_enabled() {
+  static bool on = [] {
+    const char* v = std::getenv("FASTENC_CPU_CACHE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+Tensor cpu_empty(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  const size_t bytes = (size_t)n * c10::elementSize(c10::typeMetaToScalarType(opts.dtype()));
+  if (!cache_enabled() || bytes < fastenc_cpu::kCacheMinBytes || !opts.device().is_cpu())
+    return at::empty(sizes, opts);
+  void* p = fastenc_cpu::cache_alloc(bytes);
+  return at::from_blob(p, sizes, [](void* q) { fastenc_cpu::cache_free(q); }, opts);
+}
+
+Tensor cpu_empty_like(const Tensor& t) { return cpu_empty(t.sizes(), t.options()); }
+
+// Python: an uninitialized CPU tensor of `sizes` with like's dtype, from the cache (fastenc.layers.Linear's output).
+Tensor buffer_empty(std::vector<int64_t> sizes, const Tensor& like) {
+  return cpu_empty(sizes, like.options().device(at::kCPU));
+}
+
+std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t> buffer_cache_stats() {
+  const auto s = fastenc_cpu::cache_stats();
+  return {s.in_use_bytes, s.cached_bytes, s.peak_bytes, s.hits, s.misses};
+}
+
+void set_buffer_cache(bool on) {
+  cache_enabled() = on;
+  if (!on) fastenc_cpu::cache_release();
+}
 
 // fp32 contiguous copy (or the tensor itself when already fp32 contiguous) for the fp32 CPU kernels.
 Tensor f32(const Tensor& t) { return t.to(at::kFloat).contiguous(); }
@@ -46,8 +86,8 @@ std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, co
     Tensor xc = x.contiguous(), wc = weight.contiguous();
     OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
     OptTensor rc = residual ? OptTensor(residual->contiguous()) : std::nullopt;
-    Tensor out = at::empty({rows, hidden}, xc.options());
-    OptTensor hout = residual ? OptTensor(at::empty({rows, hidden}, xc.options())) : std::nullopt;
+    Tensor out = cpu_empty({rows, hidden}, xc.options());
+    OptTensor hout = residual ? OptTensor(cpu_empty({rows, hidden}, xc.options())) : std::nullopt;
     fastenc_cpu::norm_fwd_bf16(bptr(xc), bptr(rc), bptr(wc), bptr(bc), bptr(out), bptr(hout), rows, hidden,
                                (float)eps, rms);
     return {out, hout};
@@ -55,8 +95,8 @@ std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, co
   Tensor xf = f32(x), wf = f32(weight);
   OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
   OptTensor rf = residual.has_value() ? OptTensor(f32(*residual)) : std::nullopt;
-  Tensor out = at::empty({rows, hidden}, xf.options());
-  OptTensor hout = residual.has_value() ? OptTensor(at::empty({rows, hidden}, xf.options())) : std::nullopt;
+  Tensor out = cpu_empty({rows, hidden}, xf.options());
+  OptTensor hout = residual.has_value() ? OptTensor(cpu_empty({rows, hidden}, xf.options())) : std::nullopt;
   fastenc_cpu::norm_fwd(xf.data_ptr<float>(), fptr(rf), wf.data_ptr<float>(), fptr(bf), out.data_ptr<float>(),
                         hout.has_value() ? hout->data_ptr<float>() : nullptr, rows, hidden, (float)eps, rms);
   OptTensor h = hout.has_value() ? OptTensor(hout->to(x.scalar_type())) : std::nullopt;
@@ -80,13 +120,13 @@ Tensor gelu(const Tensor& x, const OptTensor& bias, const std::string& approxima
   if (all_bf16({x}) && (!bias || all_bf16({*bias}))) {
     Tensor xc = x.contiguous();
     OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
-    Tensor out = at::empty_like(xc);
+    Tensor out = cpu_empty_like(xc);
     fastenc_cpu::gelu_fwd_bf16(bptr(xc), bptr(bc), bptr(out), x.size(0), x.size(1), approximate == "tanh");
     return out;
   }
   Tensor xf = f32(x);
   OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
-  Tensor out = at::empty_like(xf);
+  Tensor out = cpu_empty_like(xf);
   fastenc_cpu::gelu_fwd(xf.data_ptr<float>(), fptr(bf), out.data_ptr<float>(), x.size(0), x.size(1),
                         approximate == "tanh");
   return out.to(x.scalar_type());
@@ -98,12 +138,12 @@ Tensor geglu(const Tensor& x, const std::string& approximate) {
   const int64_t n = x.size(1) / 2;
   if (all_bf16({x})) {
     Tensor xc = x.contiguous();
-    Tensor out = at::empty({x.size(0), n}, xc.options());
+    Tensor out = cpu_empty({x.size(0), n}, xc.options());
     fastenc_cpu::geglu_fwd_bf16(bptr(xc), bptr(out), x.size(0), n, approximate == "tanh");
     return out;
   }
   Tensor xf = f32(x);
-  Tensor out = at::empty({x.size(0), n}, xf.options());
+  Tensor out = cpu_empty({x.size(0), n}, xf.options());
   fastenc_cpu::geglu_fwd(xf.data_ptr<float>(), out.data_ptr<float>(), x.size(0), n, approximate == "tanh");
   return out.to(x.scalar_type());
 }
@@ -117,7 +157,7 @@ std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& 
   TORCH_CHECK(positions.numel() == q.size(0), "rope: positions must have one entry per token");
   Tensor qf = f32(q), kf = f32(k), cf = f32(cos), sf = f32(sin);
   Tensor pos = positions.to(at::kInt).contiguous();
-  Tensor qo = at::empty_like(qf), ko = at::empty_like(kf);
+  Tensor qo = cpu_empty_like(qf), ko = cpu_empty_like(kf);
   fastenc_cpu::rope_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), qo.data_ptr<float>(), ko.data_ptr<float>(),
                         cf.data_ptr<float>(), sf.data_ptr<float>(), pos.data_ptr<int32_t>(), q.size(0), q.size(1),
                         k.size(1), q.size(2), cos.size(1));
@@ -145,7 +185,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   for (int64_t b = 0; b < batch; ++b)
     TORCH_CHECK(c[b + 1] >= c[b], "attention: cu_seqlens must be non-decreasing");
   Tensor qf = f32(q), kf = f32(k), vf = f32(v);
-  Tensor out = at::empty_like(qf);
+  Tensor out = cpu_empty_like(qf);
   if (total > 0 && q.size(1) > 0 && q.size(2) > 0)
     fastenc_cpu::attention_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
                                out.data_ptr<float>(), c, batch, q.size(1), q.size(2), window_left, window_right,
@@ -195,7 +235,7 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const OptTensor& bias,
   Tensor xf = f32(x), wf = f32(weight), af = f32(lora_a), bf = f32(lora_b);
   Tensor y;
   if (tokens * (in + out) > in * out) {
-    Tensor wm = at::empty({out, in}, wf.options());
+    Tensor wm = cpu_empty({out, in}, wf.options());
     fastenc_cpu::merge_lora_fwd(wf.data_ptr<float>(), af.data_ptr<float>(), bf.data_ptr<float>(),
                                 wm.data_ptr<float>(), out, in, r, (float)scale);
     y = bias.has_value() ? at::addmm(f32(*bias), xf, wm.t()) : at::mm(xf, wm.t());
@@ -435,6 +475,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastenc C++ extension: CPU (C++/OpenMP) and CUDA kernels";
   m.def("torch_version", &torch_version, "torch version the extension was built against");
   m.def("has_cuda", &has_cuda);
+  m.def("buffer_empty", &buffer_empty, "uninitialized CPU tensor from the buffer cache");
+  m.def("buffer_cache_stats", &buffer_cache_stats, "(in use, cached, peak in use, hits, misses): bytes, counts");
+  m.def("buffer_cache_release", &fastenc_cpu::cache_release, "free every cached block");
+  m.def("set_buffer_cache", &set_buffer_cache, "turn the buffer cache on or off (off also frees it)");
+  m.def("buffer_cache_enabled", [] { return cache_enabled(); });
   m.def("layer_norm", &layer_norm, "LayerNorm (+residual), fp32 math");
   m.def("rms_norm", &rms_norm, "RMSNorm (+residual), fp32 math");
   m.def("gelu", &gelu, "gelu(x + bias)");

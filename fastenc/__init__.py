@@ -24,4 +24,11 @@ def accelerate(hf_model, copy: bool = False):
     return _accelerate(hf_model, copy=copy)
 
 
-__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "__version__"]
+def empty_cache() -> None:
+    """Free the CPU buffers fastenc keeps cached for reuse between layers and calls (like torch.cuda.empty_cache);
+    buffers of tensors still alive are kept until those are freed. FASTENC_CPU_CACHE=0 disables the cache."""
+    from fastenc.extension import empty_cache as _empty_cache
+    _empty_cache()
+
+
+__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "empty_cache", "__version__"]

@@ -270,3 +270,37 @@ def cuda_available() -> str | None:
     if _META and _META.get("archs"):
         return arch_mismatch(list(_META["archs"]), torch.cuda.get_device_capability())
     return None
+
+
+# ---------------------------------------------------------------- CPU buffer cache
+# The CPU kernels' large outputs come from a caching allocator in the extension (csrc/cpu/buffer_cache.h), and so
+# do fastenc.layers.Linear's on CPU: a forward's repeated buffer sizes are reused across layers and calls instead of
+# being faulted in afresh each time. FASTENC_CPU_CACHE=0 turns it off.
+
+def buffer_empty(shape, like: torch.Tensor) -> torch.Tensor | None:
+    """An uninitialized CPU tensor of `shape` with like's dtype from the cache; None when the extension is not
+    loaded (nothing is built for it), the cache is off, or while torch.compile traces."""
+    if _MODULE is None or torch.compiler.is_compiling():
+        return None
+    if not _MODULE.buffer_cache_enabled():
+        return None
+    return _MODULE.buffer_empty(list(shape), like)
+
+
+def empty_cache() -> None:
+    """Free the cached (not in use) CPU buffers; tensors still alive keep theirs until they are freed."""
+    if _MODULE is not None:
+        _MODULE.buffer_cache_release()
+
+
+def buffer_cache_stats() -> dict:
+    """Bytes in use and cached, peak bytes in use, hits and misses of the CPU buffer cache (zeros before load)."""
+    keys = ("in_use_bytes", "cached_bytes", "peak_in_use_bytes", "hits", "misses")
+    if _MODULE is None:
+        return dict.fromkeys(keys, 0)
+    return dict(zip(keys, _MODULE.buffer_cache_stats()))
+
+
+def set_buffer_cache(enabled: bool) -> None:
+    """Turn the CPU buffer cache on or off (off frees what it holds); builds the extension if needed."""
+    load().set_buffer_cache(bool(enabled))

@@ -10,6 +10,7 @@
 // and out_i = O_i / l_i at the end. Both products run one register-blocked micro-kernel (a row of one operand
 // broadcast against registers of the other). Working memory per thread: Q^T block, K, V, S tiles, O block.
 #include "attention.h"
+#include "buffer_cache.h"
 
 #include <omp.h>
 
@@ -248,8 +249,8 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
 
   Work w0{};
   const int64_t per_thread = carve_work(nullptr, D, Dp, &w0);
-  float* mem = static_cast<float*>(std::aligned_alloc(64, (size_t)(per_thread * nt) * sizeof(float)));
-  if (mem == nullptr) throw std::bad_alloc();
+  // From the buffer cache: the same size comes back every layer. Throws std::bad_alloc before the parallel region.
+  float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
 
 #pragma omp parallel num_threads(nt)
   {
@@ -348,7 +349,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
       }
     }
   }
-  std::free(mem);
+  cache_free(mem);
 }
 
 }  // namespace fastenc_cpu

@@ -160,7 +160,8 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> tuple[float, s
     CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus memory_allocated before.
     CPU:  resident set size (/proc/self/statm) sampled every millisecond by a thread during the call, peak
           minus the value before (covers allocations by any library in the process, e.g. ONNX Runtime); freed
-          heap memory is first returned to the system (glibc malloc_trim) so earlier calls do not hide it.
+          heap memory is first returned to the system (glibc malloc_trim), and fastenc's CPU buffer cache is
+          emptied, so buffers kept from earlier calls do not hide what the call needs.
     """
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -170,6 +171,9 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> tuple[float, s
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20, "cuda max_memory_allocated"
+    from fastenc import extension
+
+    extension.empty_cache()
     _malloc_trim()
     before = _rss_bytes()
     if before == 0:

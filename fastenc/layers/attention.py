@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastenc import ops
+from fastenc import extension, ops
 from fastenc.layers.linear import Linear
 
 
@@ -39,7 +39,9 @@ class SelfAttention(nn.Module):
             h = self.hidden
             w = self.Wqkv.weight.view(3, h, -1)
             b = self.Wqkv.bias
-            qkv = x.new_empty(3, t, h)
+            qkv = extension.buffer_empty((3, t, h), x)
+            if qkv is None:
+                qkv = x.new_empty(3, t, h)
             for i in range(3):
                 if b is None:
                     torch.mm(x, w[i].t(), out=qkv[i])

@@ -2,12 +2,16 @@
 
 Kept deliberately plain so adapters (LoRA) can be merged into `weight` in place, and so the bias can be left
 out of the GEMM when the next op fuses it (`forward(x, with_bias=False)` then e.g. ops.gelu(y, bias)).
+On CPU the output comes from fastenc's buffer cache (fastenc.extension.buffer_empty) once the extension is loaded,
+so a model's layers reuse the same memory instead of faulting in fresh pages for every GEMM output.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fastenc import extension
 
 
 class Linear(nn.Module):
@@ -22,7 +26,13 @@ class Linear(nn.Module):
                      if bias else None)
 
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias if with_bias else None)
+        bias = self.bias if with_bias else None
+        w = self.weight
+        if x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu":
+            out = extension.buffer_empty((x.shape[0], self.out_features), x)
+            if out is not None:
+                return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
+        return F.linear(x, w, bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
