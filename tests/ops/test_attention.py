@@ -61,6 +61,17 @@ def test_padded_matches_reference(backend, dtype, head_dim, seqlen):
     _check(out, q, k, v, lambda a, b, c, up: attention_ref(a, b, c, upcast=up), dtype)
 
 
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not available")
+@pytest.mark.parametrize("head_dim", [1, 12, 20, 36, 100])
+def test_cpu_odd_head_dims(head_dim):
+    """The CPU kernel takes any head dim up to 256: register-transposed 8 x 8 blocks plus scalar edges."""
+    lens = [17, 129, 200, 8, 3]
+    cu = _cu(lens, "cpu")
+    q, k, v = _qkv(sum(lens), 3, head_dim, dtype=torch.float32, device="cpu")
+    out = ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=max(lens), backend="cpu")
+    _check(out, q, k, v, lambda a, b, c, up: attention_varlen_ref(a, b, c, cu, upcast=up), torch.float32)
+
+
 def _varlen_lens(backend):
     return [1, 17, 129, 40] if backend == "triton" and INTERP else [1, 17, 129, 64, 300, 2]
 
