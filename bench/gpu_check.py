@@ -95,8 +95,8 @@ def op_cases(dtype, dev: str = "cuda"):
 
     cases = []
     w, bias = rnd(hidden), rnd(hidden)
-    cases.append(("layer_norm", f"{T}x{hidden} +residual", lambda: (rnd(T, hidden), w, bias, rnd(T, hidden), 1e-5),
-                  4 * T * hidden * el, None))
+    cases.append(("layer_norm", f"{T}x{hidden} +residual", lambda: (rnd(T, hidden), w, bias, rnd(T, hidden), None,
+                                                                     1e-5, True), 4 * T * hidden * el, None))
     cases.append(("rms_norm", f"{T}x{hidden} +residual", lambda: (rnd(T, hidden), w, rnd(T, hidden), 1e-6),
                   4 * T * hidden * el, None))
     gb = rnd(inter)
@@ -127,7 +127,7 @@ def op_cases(dtype, dev: str = "cuda"):
 
 
 ARG_NAMES = {
-    "layer_norm": ("x", "weight", "bias", "residual", "eps"),
+    "layer_norm": ("x", "weight", "bias", "residual", "input_bias", "eps", "store_residual"),
     "rms_norm": ("x", "weight", "residual", "eps"),
     "gelu": ("x", "bias", "approximate"),
     "geglu": ("x", "approximate"),

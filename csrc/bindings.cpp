@@ -75,77 +75,127 @@ bool all_bf16(std::initializer_list<Tensor> ts) {
 uint16_t* bptr(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 uint16_t* bptr(const OptTensor& t) { return t.has_value() ? bptr(*t) : nullptr; }
 
+// h = x (+ xbias) (+ residual); y = norm(h). store_residual: also return h (a pre-norm block's residual stream);
+// otherwise y doubles as h's scratch row and only y is written.
 std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, const OptTensor& bias,
-                                       const OptTensor& residual, double eps, bool rms) {
+                                       const OptTensor& residual, const OptTensor& xbias, double eps, bool rms,
+                                       bool store_residual) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2, "norm: x must be (rows, hidden)");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.numel() == hidden, "norm: weight must have ", hidden, " elements, got ", weight.numel());
-  if (all_bf16({x, weight}) && (!bias || all_bf16({*bias})) && (!residual || all_bf16({*residual}))) {
-    // bf16 end to end: no fp32 copies; h = x + r is rounded to bf16 before it is normalized.
+  TORCH_CHECK(!xbias || xbias->numel() == hidden, "norm: input_bias must have ", hidden, " elements");
+  const bool keep_h = store_residual && residual.has_value();
+  if (all_bf16({x, weight}) && (!bias || all_bf16({*bias})) && (!residual || all_bf16({*residual})) &&
+      (!xbias || all_bf16({*xbias}))) {
+    // bf16 end to end: no fp32 copies; h = x + xb + r is rounded to bf16 before it is normalized.
     Tensor xc = x.contiguous(), wc = weight.contiguous();
     OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
     OptTensor rc = residual ? OptTensor(residual->contiguous()) : std::nullopt;
+    OptTensor xbc = xbias ? OptTensor(xbias->contiguous()) : std::nullopt;
     Tensor out = cpu_empty({rows, hidden}, xc.options());
-    OptTensor hout = residual ? OptTensor(cpu_empty({rows, hidden}, xc.options())) : std::nullopt;
-    fastenc_cpu::norm_fwd_bf16(bptr(xc), bptr(rc), bptr(wc), bptr(bc), bptr(out), bptr(hout), rows, hidden,
-                               (float)eps, rms);
+    OptTensor hout = keep_h ? OptTensor(cpu_empty({rows, hidden}, xc.options())) : std::nullopt;
+    fastenc_cpu::norm_fwd_bf16(bptr(xc), bptr(rc), bptr(xbc), bptr(wc), bptr(bc), bptr(out), bptr(hout), rows,
+                               hidden, (float)eps, rms);
     return {out, hout};
   }
   Tensor xf = f32(x), wf = f32(weight);
   OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
   OptTensor rf = residual.has_value() ? OptTensor(f32(*residual)) : std::nullopt;
+  OptTensor xbf = xbias.has_value() ? OptTensor(f32(*xbias)) : std::nullopt;
   Tensor out = cpu_empty({rows, hidden}, xf.options());
-  OptTensor hout = residual.has_value() ? OptTensor(cpu_empty({rows, hidden}, xf.options())) : std::nullopt;
-  fastenc_cpu::norm_fwd(xf.data_ptr<float>(), fptr(rf), wf.data_ptr<float>(), fptr(bf), out.data_ptr<float>(),
-                        hout.has_value() ? hout->data_ptr<float>() : nullptr, rows, hidden, (float)eps, rms);
+  OptTensor hout = keep_h ? OptTensor(cpu_empty({rows, hidden}, xf.options())) : std::nullopt;
+  fastenc_cpu::norm_fwd(xf.data_ptr<float>(), fptr(rf), fptr(xbf), wf.data_ptr<float>(), fptr(bf),
+                        out.data_ptr<float>(), hout.has_value() ? hout->data_ptr<float>() : nullptr, rows, hidden,
+                        (float)eps, rms);
   OptTensor h = hout.has_value() ? OptTensor(hout->to(x.scalar_type())) : std::nullopt;
   return {out.to(x.scalar_type()), h};
 }
 
 std::tuple<Tensor, OptTensor> layer_norm(const Tensor& x, const Tensor& weight, const OptTensor& bias,
-                                         const OptTensor& residual, double eps) {
-  return norm_cpu(x, weight, bias, residual, eps, false);
+                                         const OptTensor& residual, const OptTensor& input_bias, double eps,
+                                         bool store_residual) {
+  return norm_cpu(x, weight, bias, residual, input_bias, eps, false, store_residual);
 }
 
 std::tuple<Tensor, OptTensor> rms_norm(const Tensor& x, const Tensor& weight, const OptTensor& residual,
                                        double eps) {
-  return norm_cpu(x, weight, std::nullopt, residual, eps, true);
+  return norm_cpu(x, weight, std::nullopt, residual, std::nullopt, eps, true, true);
 }
 
 // ---------------------------------------------------------------- activations (cpu)
-Tensor gelu(const Tensor& x, const OptTensor& bias, const std::string& approximate) {
+// Into `out` when the kernel can write it directly (fp32, or bf16 throughout; unit column stride), else computed
+// and copied. gelu's out may be x itself, geglu's out may be x[:, :n] (in place over the input halves).
+Tensor gelu_into(const Tensor& x, const OptTensor& bias, const std::string& approximate, const OptTensor& out_opt) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2, "gelu: x must be (rows, n)");
-  if (all_bf16({x}) && (!bias || all_bf16({*bias}))) {
-    Tensor xc = x.contiguous();
-    OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
-    Tensor out = cpu_empty_like(xc);
-    fastenc_cpu::gelu_fwd_bf16(bptr(xc), bptr(bc), bptr(out), x.size(0), x.size(1), approximate == "tanh");
-    return out;
+  const bool tanh_approx = approximate == "tanh";
+  const bool bf16 = all_bf16({x}) && (!bias || all_bf16({*bias}));
+  const bool f32_in = x.scalar_type() == at::kFloat && (!bias || bias->scalar_type() == at::kFloat);
+  const bool direct = (bf16 || f32_in) && (!out_opt || (out_opt->is_contiguous() && x.is_contiguous()));
+  if (!direct) {  // fp16 (or a strided out): fp32 kernel, then one rounding into out
+    Tensor xf = f32(x);
+    OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
+    Tensor yf = cpu_empty_like(xf);
+    fastenc_cpu::gelu_fwd(xf.data_ptr<float>(), fptr(bf), yf.data_ptr<float>(), x.size(0), x.size(1), tanh_approx);
+    if (!out_opt) return yf.to(x.scalar_type());
+    out_opt->copy_(yf);
+    return *out_opt;
   }
-  Tensor xf = f32(x);
-  OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
-  Tensor out = cpu_empty_like(xf);
-  fastenc_cpu::gelu_fwd(xf.data_ptr<float>(), fptr(bf), out.data_ptr<float>(), x.size(0), x.size(1),
-                        approximate == "tanh");
-  return out.to(x.scalar_type());
+  Tensor xc = x.contiguous();
+  OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
+  Tensor out = out_opt ? *out_opt : cpu_empty_like(xc);
+  if (bf16)
+    fastenc_cpu::gelu_fwd_bf16(bptr(xc), bptr(bc), bptr(out), x.size(0), x.size(1), tanh_approx);
+  else
+    fastenc_cpu::gelu_fwd(xc.data_ptr<float>(), fptr(bc), out.data_ptr<float>(), x.size(0), x.size(1), tanh_approx);
+  return out;
 }
 
-Tensor geglu(const Tensor& x, const std::string& approximate) {
+Tensor gelu(const Tensor& x, const OptTensor& bias, const std::string& approximate) {
+  return gelu_into(x, bias, approximate, std::nullopt);
+}
+
+void gelu_out(const Tensor& x, const OptTensor& bias, const std::string& approximate, const Tensor& out) {
+  check_cpu(out, "out");
+  TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type(), "gelu: out must match x (",
+              x.sizes(), ", ", x.scalar_type(), "), got (", out.sizes(), ", ", out.scalar_type(), ")");
+  gelu_into(x, bias, approximate, out);
+}
+
+Tensor geglu_into(const Tensor& x, const std::string& approximate, const OptTensor& out_opt) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "geglu: x must be (rows, 2n)");
-  const int64_t n = x.size(1) / 2;
-  if (all_bf16({x})) {
-    Tensor xc = x.contiguous();
-    Tensor out = cpu_empty({x.size(0), n}, xc.options());
-    fastenc_cpu::geglu_fwd_bf16(bptr(xc), bptr(out), x.size(0), n, approximate == "tanh");
-    return out;
+  const int64_t rows = x.size(0), n = x.size(1) / 2;
+  const bool tanh_approx = approximate == "tanh";
+  const bool bf16 = all_bf16({x}), f32_in = x.scalar_type() == at::kFloat;
+  const bool direct = (bf16 || f32_in) && x.is_contiguous() &&
+                      (!out_opt || (out_opt->stride(1) == 1 && out_opt->stride(0) >= n));
+  if (!direct) {
+    Tensor xf = f32(x);
+    Tensor yf = cpu_empty({rows, n}, xf.options());
+    fastenc_cpu::geglu_fwd(xf.data_ptr<float>(), yf.data_ptr<float>(), rows, n, n, tanh_approx);
+    if (!out_opt) return yf.to(x.scalar_type());
+    out_opt->copy_(yf);
+    return *out_opt;
   }
-  Tensor xf = f32(x);
-  Tensor out = cpu_empty({x.size(0), n}, xf.options());
-  fastenc_cpu::geglu_fwd(xf.data_ptr<float>(), out.data_ptr<float>(), x.size(0), n, approximate == "tanh");
-  return out.to(x.scalar_type());
+  Tensor out = out_opt ? *out_opt : cpu_empty({rows, n}, x.options());
+  const int64_t ldo = rows > 1 ? out.stride(0) : n;
+  if (bf16)
+    fastenc_cpu::geglu_fwd_bf16(bptr(x), bptr(out), rows, n, ldo, tanh_approx);
+  else
+    fastenc_cpu::geglu_fwd(x.data_ptr<float>(), out.data_ptr<float>(), rows, n, ldo, tanh_approx);
+  return out;
+}
+
+Tensor geglu(const Tensor& x, const std::string& approximate) { return geglu_into(x, approximate, std::nullopt); }
+
+void geglu_out(const Tensor& x, const std::string& approximate, const Tensor& out) {
+  check_cpu(out, "out");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && 2 * out.size(1) == x.size(1) &&
+                  out.scalar_type() == x.scalar_type(),
+              "geglu: out must be (rows, n) of x's dtype for x (rows, 2n), got ", out.sizes(), " ", out.scalar_type());
+  geglu_into(x, approximate, out);
 }
 
 // ---------------------------------------------------------------- rope (cpu)
@@ -483,7 +533,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_norm", &layer_norm, "LayerNorm (+residual), fp32 math");
   m.def("rms_norm", &rms_norm, "RMSNorm (+residual), fp32 math");
   m.def("gelu", &gelu, "gelu(x + bias)");
+  m.def("gelu_out", &gelu_out, "gelu(x + bias) into out (may be x)");
   m.def("geglu", &geglu, "gelu(x[:, :n]) * x[:, n:]");
+  m.def("geglu_out", &geglu_out, "gelu(x[:, :n]) * x[:, n:] into out (may be x[:, :n])");
   m.def("rope", &rope, "rotate-half RoPE of q and k");
   // attention (cpu) defs
   m.def("attention", &attention, "varlen bidirectional attention (online softmax, window), fp32 math");

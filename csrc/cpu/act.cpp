@@ -14,25 +14,28 @@ FASTENC_INLINE float act(float v) {
   return TANH ? fm_gelu_tanh(v) : fm_gelu_erf(v);
 }
 
+// x and out may be the same rows (in place): element i is read before it is written, and `omp simd` asserts the
+// loop has no dependence between elements (so no __restrict between them).
 template <class S, bool TANH, bool BIAS>
-void gelu_rows(const typename S::T* __restrict x, const typename S::T* __restrict bias,
-               typename S::T* __restrict out, int64_t rows, int64_t n) {
+void gelu_rows(const typename S::T* x, const typename S::T* __restrict bias, typename S::T* out, int64_t rows,
+               int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const typename S::T* __restrict xr = x + r * n;
-    typename S::T* __restrict yr = out + r * n;
+    const typename S::T* xr = x + r * n;
+    typename S::T* yr = out + r * n;
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) yr[i] = S::store(act<TANH>(BIAS ? S::load(xr[i]) + S::load(bias[i]) : S::load(xr[i])));
   }
 }
 
+// out rows are ldo apart; out may be x with ldo = 2n (each output over its input half, read first).
 template <class S, bool TANH>
-void geglu_rows(const typename S::T* __restrict x, typename S::T* __restrict out, int64_t rows, int64_t n) {
+void geglu_rows(const typename S::T* x, typename S::T* out, int64_t rows, int64_t n, int64_t ldo) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const typename S::T* __restrict in = x + r * 2 * n;
-    const typename S::T* __restrict gate = in + n;
-    typename S::T* __restrict yr = out + r * n;
+    const typename S::T* in = x + r * 2 * n;
+    const typename S::T* gate = in + n;
+    typename S::T* yr = out + r * ldo;
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) yr[i] = S::store(act<TANH>(S::load(in[i])) * S::load(gate[i]));
   }
@@ -67,12 +70,12 @@ void gelu_fwd_bf16(const uint16_t* x, const uint16_t* bias, uint16_t* out, int64
   gelu_dispatch<BF16>(x, bias, out, rows, n, tanh_approx);
 }
 
-void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, bool tanh_approx) {
-  tanh_approx ? geglu_rows<F32, true>(x, out, rows, n) : geglu_rows<F32, false>(x, out, rows, n);
+void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, int64_t ldo, bool tanh_approx) {
+  tanh_approx ? geglu_rows<F32, true>(x, out, rows, n, ldo) : geglu_rows<F32, false>(x, out, rows, n, ldo);
 }
 
-void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx) {
-  tanh_approx ? geglu_rows<BF16, true>(x, out, rows, n) : geglu_rows<BF16, false>(x, out, rows, n);
+void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, int64_t ldo, bool tanh_approx) {
+  tanh_approx ? geglu_rows<BF16, true>(x, out, rows, n, ldo) : geglu_rows<BF16, false>(x, out, rows, n, ldo);
 }
 
 }  // namespace fastenc_cpu

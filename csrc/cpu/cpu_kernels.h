@@ -5,27 +5,30 @@
 
 namespace fastenc_cpu {
 
-// LayerNorm (rms=false) or RMSNorm (rms=true) of h = x (+ residual) over rows x hidden.
-// residual, bias, residual_out may be null; residual_out receives h when residual is given.
-void norm_fwd(const float* x, const float* residual, const float* weight, const float* bias, float* out,
-              float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms);
+// LayerNorm (rms=false) or RMSNorm (rms=true) of h = x (+ xbias) (+ residual) over rows x hidden; xbias (hidden)
+// is the preceding linear's bias. residual, xbias, bias, residual_out may be null; residual_out receives h.
+void norm_fwd(const float* x, const float* residual, const float* xbias, const float* weight, const float* bias,
+              float* out, float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms);
 
-// out = gelu(x + bias); x, out: rows x n; bias (n) may be null; tanh selects the tanh approximation.
+// out = gelu(x + bias); x, out: rows x n (out may be x: in place); bias (n) may be null; tanh selects the tanh
+// approximation.
 void gelu_fwd(const float* x, const float* bias, float* out, int64_t rows, int64_t n, bool tanh_approx);
 
-// out = gelu(x[:, :n]) * x[:, n:]; x: rows x 2n, out: rows x n.
-void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, bool tanh_approx);
+// out = gelu(x[:, :n]) * x[:, n:]; x: rows x 2n, out: rows x n with rows ldo apart (ldo >= n); out may be x
+// itself with ldo = 2n (in place, over the input halves).
+void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, int64_t ldo, bool tanh_approx);
 
 // Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d; cos/sin: P x half (rotary dim 2*half <= d);
 // pos: tokens (int32). Writes qo, ko (same shapes); dims past 2*half are copied.
 void rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
               const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half);
 
-// bf16 storage variants (raw bits) of the three above: fp32 math, one rounding per stored value; with a residual,
-// residual_out must be given (h is rounded to bf16 and normalized from the rounded value).
-void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, const uint16_t* bias,
-                   uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden, float eps, bool rms);
+// bf16 storage variants (raw bits) of the three above: fp32 math, one rounding per stored value; h = x + xb + r is
+// rounded to bf16 and normalized from the rounded value.
+void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* xbias, const uint16_t* weight,
+                   const uint16_t* bias, uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden,
+                   float eps, bool rms);
 void gelu_fwd_bf16(const uint16_t* x, const uint16_t* bias, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx);
-void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx);
+void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, int64_t ldo, bool tanh_approx);
 
 }  // namespace fastenc_cpu

@@ -1,5 +1,5 @@
 // LayerNorm / RMSNorm (+ fused residual add) on the CPU, fp32, OpenMP over rows, vectorized inner loops.
-// Per row h = x (+ r):  mean = sum(h)/N,  var = sum((h-mean)^2)/N  (two-pass variance over a row held in L1:
+// Per row h = x (+ xb) (+ r), xb the preceding linear's bias:  mean = sum(h)/N,  var = sum((h-mean)^2)/N  (two-pass variance over a row held in L1:
 // no sum(h^2) - mean^2 cancellation), y = (h - mean) * rsqrt(var + eps) * w (+ b);
 // RMSNorm: y = h * rsqrt(sum(h^2)/N + eps) * w. The residual sum is formed in the same pass as sum(h).
 // fp32 or bf16 storage (storage.h), fp32 math.
@@ -12,13 +12,14 @@ namespace fastenc_cpu {
 
 namespace {
 
-// S: storage type (F32 or BF16). With a residual, h = x + r is rounded to S, stored, and normalized from the
-// rounded value (what a pre-norm block keeps in its residual stream). For F32 without residual_out, y is the
-// scratch row for h.
+// S: storage type (F32 or BF16). With a residual or xbias, h = x + xb + r is rounded to S, stored, and normalized
+// from the rounded value (what a pre-norm block keeps in its residual stream); without residual_out (a post-norm
+// block drops h) the output row y is the scratch row for h, read back before each element is overwritten.
 template <class S, bool RMS, bool BIAS>
 void norm_rows(const typename S::T* __restrict x, const typename S::T* __restrict residual,
-               const typename S::T* __restrict weight, const typename S::T* __restrict bias, typename S::T* out,
-               typename S::T* residual_out, int64_t rows, int64_t hidden, float eps) {
+               const typename S::T* __restrict xbias, const typename S::T* __restrict weight,
+               const typename S::T* __restrict bias, typename S::T* out, typename S::T* residual_out, int64_t rows,
+               int64_t hidden, float eps) {
   using T = typename S::T;
   const float inv_n = 1.0f / (float)hidden;
 #pragma omp parallel for schedule(static)
@@ -27,14 +28,24 @@ void norm_rows(const typename S::T* __restrict x, const typename S::T* __restric
     T* yr = out + r * hidden;  // may double as the residual scratch that h points to
     const T* h = xr;
     float s = 0.f;
-    if (residual != nullptr) {
-      const T* __restrict rr = residual + r * hidden;
+    if (residual != nullptr || xbias != nullptr) {
       T* hr = residual_out != nullptr ? residual_out + r * hidden : yr;
+      if (residual != nullptr && xbias != nullptr) {
+        const T* __restrict rr = residual + r * hidden;
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < hidden; ++i) {
-        const T v = S::store(S::load(xr[i]) + S::load(rr[i]));
-        hr[i] = v;
-        s += S::load(v);
+        for (int64_t i = 0; i < hidden; ++i) {
+          const T v = S::store(S::load(xr[i]) + S::load(xbias[i]) + S::load(rr[i]));
+          hr[i] = v;
+          s += S::load(v);
+        }
+      } else {
+        const T* __restrict rr = residual != nullptr ? residual + r * hidden : xbias;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < hidden; ++i) {
+          const T v = S::store(S::load(xr[i]) + S::load(rr[i]));
+          hr[i] = v;
+          s += S::load(v);
+        }
       }
       h = hr;
     } else if (!RMS) {
@@ -58,28 +69,29 @@ void norm_rows(const typename S::T* __restrict x, const typename S::T* __restric
 }
 
 template <class S>
-void norm_dispatch(const typename S::T* x, const typename S::T* residual, const typename S::T* weight,
-                   const typename S::T* bias, typename S::T* out, typename S::T* residual_out, int64_t rows,
-                   int64_t hidden, float eps, bool rms) {
+void norm_dispatch(const typename S::T* x, const typename S::T* residual, const typename S::T* xbias,
+                   const typename S::T* weight, const typename S::T* bias, typename S::T* out,
+                   typename S::T* residual_out, int64_t rows, int64_t hidden, float eps, bool rms) {
   if (rms) {
-    norm_rows<S, true, false>(x, residual, weight, nullptr, out, residual_out, rows, hidden, eps);
+    norm_rows<S, true, false>(x, residual, xbias, weight, nullptr, out, residual_out, rows, hidden, eps);
   } else if (bias != nullptr) {
-    norm_rows<S, false, true>(x, residual, weight, bias, out, residual_out, rows, hidden, eps);
+    norm_rows<S, false, true>(x, residual, xbias, weight, bias, out, residual_out, rows, hidden, eps);
   } else {
-    norm_rows<S, false, false>(x, residual, weight, nullptr, out, residual_out, rows, hidden, eps);
+    norm_rows<S, false, false>(x, residual, xbias, weight, nullptr, out, residual_out, rows, hidden, eps);
   }
 }
 
 }  // namespace
 
-void norm_fwd(const float* x, const float* residual, const float* weight, const float* bias, float* out,
-              float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms) {
-  norm_dispatch<F32>(x, residual, weight, bias, out, residual_out, rows, hidden, eps, rms);
+void norm_fwd(const float* x, const float* residual, const float* xbias, const float* weight, const float* bias,
+              float* out, float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms) {
+  norm_dispatch<F32>(x, residual, xbias, weight, bias, out, residual_out, rows, hidden, eps, rms);
 }
 
-void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* weight, const uint16_t* bias,
-                   uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden, float eps, bool rms) {
-  norm_dispatch<BF16>(x, residual, weight, bias, out, residual_out, rows, hidden, eps, rms);
+void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* xbias, const uint16_t* weight,
+                   const uint16_t* bias, uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden,
+                   float eps, bool rms) {
+  norm_dispatch<BF16>(x, residual, xbias, weight, bias, out, residual_out, rows, hidden, eps, rms);
 }
 
 }  // namespace fastenc_cpu

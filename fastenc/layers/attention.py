@@ -29,8 +29,9 @@ class SelfAttention(nn.Module):
         self.Wo = Linear(hidden, hidden, bias=bias if out_bias is None else out_bias, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """x: (tokens, hidden); cu_seqlens int32 (batch+1,); rope: (cos, sin, positions int32 (tokens,)) or None."""
+                rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, out_bias: bool = True) -> torch.Tensor:
+        """x: (tokens, hidden); cu_seqlens int32 (batch+1,); rope: (cos, sin, positions int32 (tokens,)) or None.
+        out_bias=False leaves Wo's bias to the caller (fused into the next LayerNorm as its input_bias)."""
         t = x.shape[0]
         if x.device.type == "cpu" and type(self.Wqkv) is Linear:  # (a Wqkv carrying unmerged LoRA: own forward)
             # The fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous (tokens, hidden)
@@ -54,4 +55,4 @@ class SelfAttention(nn.Module):
             cos, sin, pos = rope
             q, k = ops.rope(q, k, cos, sin, position_ids=pos)
         o = ops.attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=self.window)
-        return self.Wo(o.reshape(t, self.hidden))
+        return self.Wo(o.reshape(t, self.hidden), with_bias=out_bias)

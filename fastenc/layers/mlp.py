@@ -23,13 +23,15 @@ _ACTS = {
 }
 
 
-def activation(name: str, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """act(x + bias) for a Hugging Face activation name; the GELUs run fused in fastenc.ops.gelu."""
+def activation(name: str, x: torch.Tensor, bias: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
+    """act(x + bias) for a Hugging Face activation name; the GELUs run fused in fastenc.ops.gelu.
+    inplace: x is a temporary the caller no longer needs, overwritten with the result (contiguous x)."""
     if name not in _ACTS:
         raise ValueError(f"activation: unsupported activation {name!r}; supported: {sorted(_ACTS)}")
     approx, fn = _ACTS[name]
     if approx is not None:
-        return ops.gelu(x, bias=bias, approximate=approx)
+        out = x if inplace and x.is_contiguous() else None
+        return ops.gelu(x, bias=bias, approximate=approx, out=out)
     return fn(x if bias is None else x + bias)
 
 
@@ -41,7 +43,9 @@ def check_activation(name: str) -> str:
 
 class MLP(nn.Module):
     """fc2(act(fc1(x))). x: (tokens, hidden) -> (tokens, hidden); the fc1 GEMM runs without bias and the
-    bias is added inside the activation kernel (one pass over the (tokens, intermediate) tensor)."""
+    bias is added inside the activation kernel, which overwrites the GEMM output in place (one pass over the
+    (tokens, intermediate) tensor and no second one held). forward(x, out_bias=False) leaves fc2's bias to the
+    caller (fused into the next LayerNorm as its input_bias)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "gelu", bias: bool = True, device=None, dtype=None):
         super().__init__()
@@ -49,12 +53,15 @@ class MLP(nn.Module):
         self.fc1 = Linear(hidden, intermediate, bias=bias, device=device, dtype=dtype)
         self.fc2 = Linear(intermediate, hidden, bias=bias, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(activation(self.act, self.fc1(x, with_bias=False), self.fc1.bias))
+    def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
+        return self.fc2(activation(self.act, self.fc1(x, with_bias=False), self.fc1.bias, inplace=True),
+                        with_bias=out_bias)
 
 
 class GeGLUMLP(nn.Module):
-    """ModernBERT's GLU: input, gate = Wi(x).chunk(2); Wo(gelu(input) * gate). x: (tokens, hidden)."""
+    """ModernBERT's GLU: input, gate = Wi(x).chunk(2); Wo(gelu(input) * gate). x: (tokens, hidden).
+    The GeGLU writes over the input half of Wi's output (no new (tokens, intermediate) buffer); Wo reads those
+    rows in place (row stride 2 * intermediate)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str = "gelu", bias: bool = False, device=None, dtype=None):
         super().__init__()
@@ -65,5 +72,8 @@ class GeGLUMLP(nn.Module):
         self.Wi = Linear(hidden, 2 * intermediate, bias=bias, device=device, dtype=dtype)
         self.Wo = Linear(intermediate, hidden, bias=bias, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.Wo(ops.geglu(self.Wi(x), approximate=self.approximate))
+    def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
+        h = self.Wi(x)
+        n = h.shape[-1] // 2
+        out = h[..., :n] if h.is_contiguous() else None
+        return self.Wo(ops.geglu(h, approximate=self.approximate, out=out), with_bias=out_bias)

@@ -21,8 +21,11 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return ops.layer_norm(x, self.weight, self.bias, self.eps, residual=residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, *,
+                input_bias: torch.Tensor | None = None, return_residual: bool = True):
+        """input_bias: the bias of the linear that produced x (fused here); return_residual=False: y alone."""
+        return ops.layer_norm(x, self.weight, self.bias, self.eps, residual=residual, input_bias=input_bias,
+                              return_residual=return_residual)
 
     def extra_repr(self) -> str:
         return f"{self.hidden}, eps={self.eps}, bias={self.bias is not None}"

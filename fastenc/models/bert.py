@@ -38,11 +38,12 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type.weight[0]
         else:
             x = x + F.embedding(types, self.token_type.weight)
-        return self.norm(F.embedding(positions, self.position.weight), residual=x)[0]
+        return self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
 
 
 class BertLayer(nn.Module):
-    """Post-norm block: x = LN(x + attn(x)); x = LN(x + mlp(x)), each LN fused with its residual add."""
+    """Post-norm block: x = LN(x + attn(x)); x = LN(x + mlp(x)), each LN fused with its residual add and with the
+    bias of the linear before it (Wo, fc2), and writing only its output (the sum is not kept)."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -53,8 +54,10 @@ class BertLayer(nn.Module):
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        x = self.attn_norm(self.attn(x, cu_seqlens, max_seqlen), residual=x)[0]
-        return self.mlp_norm(self.mlp(x), residual=x)[0]
+        a = self.attn(x, cu_seqlens, max_seqlen, out_bias=False)
+        x = self.attn_norm(a, residual=x, input_bias=self.attn.Wo.bias, return_residual=False)
+        m = self.mlp(x, out_bias=False)
+        return self.mlp_norm(m, residual=x, input_bias=self.mlp.fc2.bias, return_residual=False)
 
 
 class BertModel(LoraMixin, TextEncoderMixin, nn.Module):

@@ -90,18 +90,19 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
         length = int(input_ids.shape[1])
         tables = {k: self._rope_table(k, length, ids.device) for k in set(cfg.layer_types)}
         h = self.embeddings(ids)  # the residual stream
-        delta = None  # the last block output not yet added to h
+        delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
         for layer in self.layers:
             if delta is None:
                 y = h if layer.attn_norm is None else layer.attn_norm(h)
             else:
-                y, h = layer.attn_norm(delta, residual=h)
+                y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
             cos, sin = tables[layer.kind]
-            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
-            y, h = layer.mlp_norm(a, residual=h)
-            delta = layer.mlp(y)
-        x = self.final_norm(h) if delta is None else self.final_norm(delta, residual=h)[0]
-        return x, batch
+            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos), out_bias=False)
+            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.bias)
+            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.bias
+        if delta is None:
+            return self.final_norm(h), batch
+        return self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
         x, batch = self._encode(input_ids, attention_mask)

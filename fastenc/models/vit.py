@@ -79,14 +79,18 @@ class ViTModel(LoraMixin, nn.Module):
         b, s = pixel_values.shape[0], self.config.num_patches + 1
         batch = PackedBatch(None, b, s, pixel_values.device)
         h = self.embeddings(pixel_values)
-        delta = None
+        delta, delta_bias = None, None  # the last fc2 output, its bias left to the next norm
         for layer in self.layers:
-            y, h = (layer.attn_norm(h), h) if delta is None else layer.attn_norm(delta, residual=h)
-            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen)
-            y, h = layer.mlp_norm(a, residual=h)
-            delta = layer.mlp(y)
-        x = self.norm(h) if delta is None else self.norm(delta, residual=h)[0]
-        return x, batch
+            if delta is None:
+                y = layer.attn_norm(h)
+            else:
+                y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
+            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=False)
+            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.bias)
+            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.fc2.bias
+        if delta is None:
+            return self.norm(h), batch
+        return self.norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
         """act(dense(hidden[:, 0])): (batch, seq, hidden) -> (batch, pooler_output_size)."""

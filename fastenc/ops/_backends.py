@@ -26,7 +26,7 @@ def _lazy(module: str, name: str) -> Callable:
 
 
 def triton(op: str, module: str, name: str, check: Callable[[Mapping[str, Any]], list[str]] | None = None,
-           dtypes=FLOAT_DTYPES, priority: int = 30, limits: str = "") -> Impl:
+           dtypes=FLOAT_DTYPES, priority: int = 30, limits: str = "", wrap: Callable | None = None) -> Impl:
     def full_check(inputs):
         return registry.triton_check(inputs) + (check(inputs) if check else [])
 
@@ -39,7 +39,8 @@ def triton(op: str, module: str, name: str, check: Callable[[Mapping[str, Any]],
             return None
         return None if registry.interpreter_on() else "no CUDA device (CPU tensors need TRITON_INTERPRET=1)"
 
-    return registry.register(Impl(op=op, backend="triton", fn=_lazy(module, name), devices=("cuda", "cpu"),
+    fn = _lazy(module, name)
+    return registry.register(Impl(op=op, backend="triton", fn=wrap(fn) if wrap else fn, devices=("cuda", "cpu"),
                                   auto_devices=("cuda",), dtypes=dtypes, priority=priority,
                                   available=registry.triton_available, check=full_check, probe=probe,
                                   limits=limits or "CUDA; CPU tensors under TRITON_INTERPRET=1"))
@@ -59,13 +60,15 @@ def cpu(op: str, name: str, check=None, dtypes=FLOAT_DTYPES, priority: int = 20,
                                   check=check, limits=limits))
 
 
-def cuda(op: str, name: str, check=None, dtypes=FLOAT_DTYPES, priority: int = 20, limits: str = "") -> Impl:
+def cuda(op: str, name: str, check=None, dtypes=FLOAT_DTYPES, priority: int = 20, limits: str = "",
+         wrap: Callable | None = None) -> Impl:
     def probe():
         import torch
         if torch.version.cuda is None:
             return "torch has no CUDA"
         return extension.status()
 
-    return registry.register(Impl(op=op, backend="cuda", fn=_ext_fn(name), devices=("cuda",), dtypes=dtypes,
+    fn = _ext_fn(name)
+    return registry.register(Impl(op=op, backend="cuda", fn=wrap(fn) if wrap else fn, devices=("cuda",), dtypes=dtypes,
                                   priority=priority, available=extension.cuda_available, probe=probe,
                                   check=check, limits=limits))

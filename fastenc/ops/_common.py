@@ -72,3 +72,32 @@ def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> l
     if cu[-1] != total:
         raise ValueError(f"{op}: cu_seqlens must end at total_tokens={total}, got {cu[-1]}")
     return cu
+
+
+def check_out(op: str, out, shape: tuple[int, ...], like: torch.Tensor, inplace_ok: torch.Tensor | None = None) -> None:
+    """`out` must be a tensor of `shape` with like's dtype and device, whose rows have unit column stride; it may
+    be `inplace_ok` exactly (same memory and strides), and must not otherwise overlap `like`."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{op}: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{op}: out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{op}: out must have x's dtype {_dt(like.dtype)}, got {_dt(out.dtype)}")
+    if out.device != like.device:
+        raise ValueError(f"{op}: out must be on x's device {like.device}, got {out.device}")
+    if out.numel() and out.dim() and out.stride(-1) != 1:
+        raise ValueError(f"{op}: out's last dim must have stride 1, got strides {tuple(out.stride())}")
+    same = (inplace_ok is not None and out.data_ptr() == inplace_ok.data_ptr()
+            and out.stride() == inplace_ok.stride() and out.shape == inplace_ok.shape)
+    if not same and out.numel() and like.numel() and _overlap(out, like):
+        raise ValueError(f"{op}: out overlaps x other than exactly in place")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of a and b intersect (conservative: spans, not elements)."""
+    def span(t):
+        lo = t.data_ptr()
+        hi = lo + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size() + t.element_size()
+        return lo, hi
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1

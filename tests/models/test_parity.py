@@ -57,6 +57,16 @@ def test_modernbert(task, pooling):
         _close(out, ref.logits)
 
 
+def test_modernbert_with_biases():
+    """attention_bias, mlp_bias and norm_bias on: the Wo biases are fused into the following LayerNorm."""
+    hf = _hf.modernbert("base", attention_bias=True, mlp_bias=True, norm_bias=True)
+    fe = fastenc.from_hf(hf)
+    ids, mask, _ = _hf.text_batch([150, 17, 60], seed=4)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask).last_hidden_state
+    _close(fe(ids, mask), ref, mask)
+
+
 def test_modernbert_local_attention_matters():
     # The window must be real: the same weights with every layer global give different states past 128 tokens.
     hf = _hf.modernbert("base", layers=2)

@@ -71,3 +71,24 @@ def test_triton_writes_every_element(dtype):
     ref = geglu_ref(x)
     testing.assert_close(y, ref, geglu_ref(x, upcast=False) if dtype != torch.float32 else None,
                          extra=testing.interpreter_extra("triton", dtype, ref))
+
+
+OUT_CASES = [pytest.param(be, dt, inplace, id=f"{be}-{testing.dtype_id(dt)}-{'inplace' if inplace else 'out'}")
+             for be, dt, inplace in itertools.product(BACKENDS, testing.DTYPES, (True, False))]
+
+
+@pytest.mark.parametrize("backend,dtype,inplace", OUT_CASES)
+def test_geglu_into_out(backend, dtype, inplace):
+    """out= writes the result; out = x[..., :N] computes in place over the input halves (strided rows)."""
+    dev = testing.device_for(backend)
+    x = testing.randn(2, 9, 2304, dtype=dtype, device=dev, scale=2.0)
+    ref = geglu_ref(x)
+    lowp = geglu_ref(x, upcast=False) if dtype != torch.float32 else None
+    if inplace:
+        buf = x.clone()
+        src, target = buf, buf[..., :1152]
+    else:
+        src, target = x, testing.poison(torch.empty(2, 9, 1152, dtype=dtype, device=dev))
+    got = fastenc.ops.geglu(src, backend=backend, out=target)
+    assert got.data_ptr() == target.data_ptr() and got.shape == ref.shape
+    testing.assert_close(target, ref, lowp, extra=testing.interpreter_extra(backend, dtype, ref))

@@ -96,3 +96,22 @@ def test_cpu_gelu_dense_accuracy(approximate):
         sel = x >= -3.0
         rel = ((out - ref).abs() / ref.abs().clamp_min(1e-300))[sel]
         assert float(rel.max()) <= 1e-4, float(rel.max())
+
+
+OUT_CASES = [pytest.param(be, dt, inplace, id=f"{be}-{testing.dtype_id(dt)}-{'inplace' if inplace else 'out'}")
+             for be, dt, inplace in itertools.product(BACKENDS, testing.DTYPES, (True, False))]
+
+
+@pytest.mark.parametrize("backend,dtype,inplace", OUT_CASES)
+def test_gelu_into_out(backend, dtype, inplace):
+    """out= writes the result into the given tensor, which may be x itself (over the GEMM output it consumes)."""
+    dev = testing.device_for(backend)
+    x = testing.randn(3, 7, 1000, dtype=dtype, device=dev, scale=3.0)
+    b = testing.randn(1000, dtype=dtype, device=dev)
+    ref = gelu_ref(x, b)
+    lowp = gelu_ref(x, b, upcast=False) if dtype != torch.float32 else None
+    target = x.clone() if inplace else testing.poison(torch.empty_like(x))
+    src = target if inplace else x
+    got = fastenc.ops.gelu(src, b, backend=backend, out=target)
+    assert got.data_ptr() == target.data_ptr()
+    testing.assert_close(target, ref, lowp, extra=testing.interpreter_extra(backend, dtype, ref))

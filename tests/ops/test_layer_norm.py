@@ -104,3 +104,39 @@ def test_triton_writes_every_element(dtype):
     lp = layer_norm_ref(x, w, b, 1e-5, r, upcast=False) if dtype != torch.float32 else (None, None)
     testing.assert_close(y, ref_y, lp[0], extra=testing.interpreter_extra("triton", dtype, ref_y), name="y")
     testing.assert_close(h, ref_h, lp[1], extra=testing.interpreter_extra("triton", dtype, ref_h), name="h")
+
+
+FUSED_CASES = [pytest.param(be, dt, res, keep, id=f"{be}-{testing.dtype_id(dt)}{'-res' if res else ''}"
+                                                  f"{'-keep' if keep else '-drop'}")
+               for be, dt, res, keep in itertools.product(BACKENDS, testing.DTYPES, (True, False), (True, False))
+               if res or keep]
+
+
+@pytest.mark.parametrize("backend,dtype,residual,keep", FUSED_CASES)
+def test_layer_norm_input_bias(backend, dtype, residual, keep):
+    """y = LN(x + input_bias (+ residual)): the preceding linear's bias fused; return_residual=False returns y
+    alone (a post-norm block drops x + residual)."""
+    dev = testing.device_for(backend)
+    shape = (37, 1000)
+    x = testing.randn(*shape, dtype=dtype, device=dev, scale=2.0) + 0.5
+    w, b, ib = (testing.randn(1000, dtype=dtype, device=dev) for _ in range(3))
+    r = testing.randn(*shape, dtype=dtype, device=dev) if residual else None
+    out = fastenc.ops.layer_norm(x, w, b, residual=r, input_bias=ib, return_residual=keep, backend=backend)
+    ref = layer_norm_ref(x, w, b, 1e-5, r, input_bias=ib)
+    lowp = layer_norm_ref(x, w, b, 1e-5, r, upcast=False, input_bias=ib) if dtype != torch.float32 else None
+    with_h = residual and keep
+    outs = out if with_h else (out,)
+    refs = ref if residual else (ref,)
+    lows = (lowp if residual else (lowp,)) if lowp is not None else (None, None)
+    assert len(outs) == (2 if with_h else 1)
+    for name, o, rf, lp in zip(("y", "h"), outs, refs, lows):
+        assert o.dtype == dtype and o.shape == x.shape
+        testing.assert_close(o, rf, lp, extra=testing.interpreter_extra(backend, dtype, rf), name=name)
+
+
+def test_layer_norm_input_bias_reference_is_the_unfused_sum():
+    x, r = testing.randn(9, 384), testing.randn(9, 384)
+    w, b, ib = testing.randn(384), testing.randn(384), testing.randn(384)
+    y, h = layer_norm_ref(x, w, b, 1e-12, r, input_bias=ib)
+    torch.testing.assert_close(h, x + ib + r)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x + ib + r, (384,), w, b, 1e-12), rtol=1e-5, atol=1e-5)

@@ -24,9 +24,12 @@ def _samples() -> dict[str, list[dict]]:
     cos, sin = fastenc.ops.rope_cache(64, 32, 160000.0)
     return {
         "layer_norm": [
-            dict(x=r(5, 384), weight=r(384), bias=r(384), residual=r(5, 384), eps=1e-5),
+            dict(x=r(5, 384), weight=r(384), bias=r(384), residual=r(5, 384), input_bias=None, eps=1e-5,
+                 store_residual=True),
             dict(x=r(3, 1000, dtype=torch.bfloat16), weight=r(1000, dtype=torch.bfloat16), bias=None, residual=None,
-                 eps=1e-12),
+                 input_bias=r(1000, dtype=torch.bfloat16), eps=1e-12, store_residual=False),
+            dict(x=r(7, 768), weight=r(768), bias=r(768), residual=r(7, 768), input_bias=r(768), eps=1e-12,
+                 store_residual=False),
         ],
         "rms_norm": [
             dict(x=r(5, 384), weight=r(384), residual=r(5, 384), eps=1e-6),
@@ -78,4 +81,26 @@ def test_opcheck(op, backend):
         missing = [n for n in names if n != "backend" and n not in sample]
         assert not missing, f"fastenc::{op} sample lacks arguments {missing} (schema: {custom._schema})"
         args = tuple(backend if n == "backend" else sample[n] for n in names)
+        torch.library.opcheck(custom, args)
+
+
+def _out_samples():
+    """The `out=` variants (mutating ops, not registry entries of their own): (op, base op, sample)."""
+    r = testing.randn
+    return [
+        ("gelu_out", "gelu", dict(x=r(5, 384), bias=r(384), approximate="none", out=r(5, 384))),
+        ("gelu_out", "gelu", dict(x=r(3, 1000, dtype=torch.bfloat16), bias=None, approximate="tanh",
+                                  out=r(3, 1000, dtype=torch.bfloat16))),
+        ("geglu_out", "geglu", dict(x=r(5, 768), approximate="none", out=r(5, 384))),
+    ]
+
+
+@pytest.mark.parametrize("op,base,sample", [pytest.param(o, b, s, id=f"{o}-{i}") for i, (o, b, s)
+                                            in enumerate(_out_samples())])
+def test_opcheck_out_variants(op, base, sample):
+    custom = getattr(torch.ops.fastenc, op).default
+    names = [a.name for a in custom._schema.arguments]
+    for backend in _cpu_backends(base):
+        args = tuple(backend if n == "backend" else sample[n].clone() if isinstance(sample[n], torch.Tensor)
+                     else sample[n] for n in names)
         torch.library.opcheck(custom, args)
