@@ -61,6 +61,16 @@ class Impl:
     def unavailable_reason(self) -> str | None:
         return self.available() if self.available is not None else None
 
+    def may_serve(self, t: torch.Tensor | None, auto: bool) -> bool:
+        """Cheap pre-check on device and dtype only (no reason strings): False means not_supported_reasons
+        would name the device or dtype."""
+        if t is None:
+            return True
+        dev = t.device.type
+        if dev not in self.devices or t.dtype not in self.dtypes:
+            return False
+        return not (auto and self.auto_devices is not None and dev not in self.auto_devices)
+
     def not_supported_reasons(self, inputs: Mapping[str, Any], auto: bool = False) -> list[str]:
         """Why this implementation cannot serve `inputs` (empty list: it can)."""
         reasons: list[str] = []
@@ -92,11 +102,23 @@ def _primary_tensor(inputs: Mapping[str, Any]) -> torch.Tensor | None:
     return None
 
 
+_RANKED: dict[str, list["Impl"]] = {}
+
+
 def register(impl: Impl) -> Impl:
     if impl.backend not in BACKENDS:
         raise ValueError(f"register: backend must be one of {BACKENDS}, got {impl.backend!r}")
     _REGISTRY.setdefault(impl.op, {})[impl.backend] = impl
+    _RANKED.pop(impl.op, None)
     return impl
+
+
+def _ranked(op: str) -> list[Impl]:
+    """The op's implementations by priority, highest first (cached until the next register)."""
+    ranked = _RANKED.get(op)
+    if ranked is None:
+        ranked = _RANKED[op] = sorted(impls(op).values(), key=lambda i: -i.priority)
+    return ranked
 
 
 def ops() -> list[str]:
@@ -152,9 +174,9 @@ def _requested(backend: str | Sequence[str] | None) -> tuple[tuple[str, ...] | N
 
 def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | None = None) -> Impl:
     """Pick the implementation of `op` for `inputs` (see module docstring for the order)."""
-    table = impls(op)
     wanted, source = _requested(backend)
     if wanted is not None:
+        table = impls(op)
         reasons: list[str] = []
         for name in wanted:
             impl = table.get(name)
@@ -166,15 +188,18 @@ def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | No
                 return impl
             reasons.append(f"{name}: " + "; ".join(why))
         raise ValueError(f"{op}: {source} {list(wanted)} cannot serve these inputs: " + " | ".join(reasons))
-    ranked = sorted(table.values(), key=lambda i: -i.priority)
     skipped: list[str] = []
-    for impl in ranked:
+    t = _primary_tensor(inputs)
+    for impl in _ranked(op):
+        if not impl.may_serve(t, auto=True):  # a device/dtype skip: never warned about, so no reason kept
+            continue
         why = impl.not_supported_reasons(inputs, auto=True)
         if not why:
             if skipped and any(s.split(":")[0] != "reference" for s in skipped):
                 _warn_once(op, impl.backend, skipped)
             return impl
         skipped.append(f"{impl.backend}: " + "; ".join(why))
+    skipped = [f"{i.backend}: " + "; ".join(i.not_supported_reasons(inputs, auto=True)) for i in _ranked(op)]
     raise ValueError(f"{op}: no implementation can serve these inputs: " + " | ".join(skipped))
 
 

@@ -250,8 +250,9 @@ struct Work {
 };
 
 // One thread's buffers, carved from `p` (64-byte aligned pieces); returns the floats used when p is null.
-int64_t carve_work(float* p, int64_t D, int64_t Dp, Work* w) {
-  const int64_t sizes[] = {D * BM, BN * BM, BN * D, BN * Dp, BM * Dp, BM, BM, BM};
+// kp, vp hold an item's whole key range (span rows); the rest is per query block.
+int64_t carve_work(float* p, int64_t D, int64_t Dp, int64_t span, Work* w) {
+  const int64_t sizes[] = {D * BM, BN * BM, span * D, span * Dp, BM * Dp, BM, BM, BM};
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
   float** dst[n] = {&w->qt, &w->st, &w->kp, &w->vp, &w->o, &w->m, &w->l, &w->alpha};
   int64_t total = 0;
@@ -262,9 +263,20 @@ int64_t carve_work(float* p, int64_t D, int64_t Dp, Work* w) {
   return total;
 }
 
+// A work item: query rows [q0, q1) of one (sequence, head), processed in blocks of bm rows against keys
+// [kb, ke), which are packed once per item. Sequences up to kWholeSeq tokens are one item (their K and V are
+// read from memory once, not once per query block); longer ones one item per query block.
 struct Item {
-  int64_t start, len, i0, h;  // sequence start token and length, first query row of the block, head
+  int64_t start, len, q0, q1, kb, ke, h;
 };
+constexpr int64_t kWholeSeq = 512;
+constexpr int64_t kPrefetchRows = 8;  // rows ahead that the K/V packing loop prefetches
+
+// Keys that query rows [a, b) of a sequence of `len` can see.
+inline void key_range(int64_t a, int64_t b, int64_t len, int64_t wl, int64_t wr, int64_t* kb, int64_t* ke) {
+  *kb = wl >= 0 ? std::max<int64_t>(0, a - wl) : 0;
+  *ke = wr >= 0 ? std::min(len, b + wr) : len;
+}
 
 }  // namespace
 
@@ -274,135 +286,146 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   const int64_t H = heads, D = head_dim, ld = H * D;
   const int64_t Dp = (D + VW - 1) / VW * VW;  // V and O rows padded to whole registers
   const float qscale = scale * LOG2E;
+  const int64_t wl = window_left, wr = window_right;
 
-  // Query rows per item: a narrow window (ModernBERT's local layers: 64 each side) wastes less of every key
+  // Query rows per block: a narrow window (ModernBERT's local layers: 64 each side) wastes less of every key
   // tile with 64 rows; otherwise 128 rows reuse each K, V tile more.
-  const int64_t bm = (window_left >= 0 && window_right >= 0 && window_left + window_right < 256) ? BM / 2 : BM;
-  // Work items (sequence, head, query block): costliest sequences first so dynamic scheduling balances a
-  // varlen batch; consecutive items share a (sequence, head) so its K and V stay in cache.
+  const int64_t bm = (wl >= 0 && wr >= 0 && wl + wr < 256) ? BM / 2 : BM;
+  // Work items: costliest sequences first so dynamic scheduling balances a varlen batch.
   std::vector<int64_t> order(batch);
   auto seq_cost = [&](int64_t b) {
     const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
-    const int64_t span = std::min(len, (window_left < 0 || window_right < 0) ? len : window_left + window_right + 1);
+    const int64_t span = std::min(len, (wl < 0 || wr < 0) ? len : wl + wr + 1);
     return len * span;
   };
   for (int64_t b = 0; b < batch; ++b) order[b] = b;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return seq_cost(a) > seq_cost(b); });
   std::vector<Item> items;
+  int64_t span = 1;
   for (int64_t b : order) {
     const int64_t start = cu_seqlens[b], len = cu_seqlens[b + 1] - cu_seqlens[b];
+    const int64_t step = len <= kWholeSeq ? std::max<int64_t>(len, 1) : bm;
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t i0 = 0; i0 < len; i0 += bm) items.push_back({start, len, i0, h});
+      for (int64_t q0 = 0; q0 < len; q0 += step) {
+        Item it{start, len, q0, std::min(len, q0 + step), 0, 0, h};
+        key_range(it.q0, it.q1, len, wl, wr, &it.kb, &it.ke);
+        span = std::max(span, it.ke - it.kb);
+        items.push_back(it);
+      }
   }
   const int64_t n_items = (int64_t)items.size();
   if (n_items == 0) return;
   const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
 
   Work w0{};
-  const int64_t per_thread = carve_work(nullptr, D, Dp, &w0);
+  const int64_t per_thread = carve_work(nullptr, D, Dp, span, &w0);
   // From the buffer cache: the same size comes back every layer. Throws std::bad_alloc before the parallel region.
   float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
 
 #pragma omp parallel num_threads(nt)
   {
     Work w{};
-    carve_work(mem + per_thread * omp_get_thread_num(), D, Dp, &w);
+    carve_work(mem + per_thread * omp_get_thread_num(), D, Dp, span, &w);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
-      const Item& blk = items[it];
-      const int64_t h = blk.h, len = blk.len, i0 = blk.i0;
-      const int64_t rows = std::min(bm, len - i0);
-      const int64_t qcols = (rows + VW - 1) / VW;  // query registers in use
-      const int64_t lanes = qcols * VW;
-      const float* qb = q + (blk.start + i0) * ld + h * D;
+      const Item& item = items[it];
+      const int64_t h = item.h, len = item.len;
 
-      if (it + nt < n_items) {  // the item this thread likely takes next: its Q rows and first K, V tile to L2
-        const Item& nx = items[it + nt];
-        prefetch_rows(q + (nx.start + nx.i0) * ld + nx.h * D, ld, std::min(bm, nx.len - nx.i0), D);
-        const int64_t nkb = window_left >= 0 ? std::max<int64_t>(0, nx.i0 - window_left) : 0;
-        const int64_t nkn = std::min(BN, nx.len - nkb);
-        prefetch_rows(k + (nx.start + nkb) * ld + nx.h * D, ld, nkn, D);
-        prefetch_rows(v + (nx.start + nkb) * ld + nx.h * D, ld, nkn, D);
-      }
-      // Q^T block (D x bm), pre-scaled; query lanes past the sequence are zero (computed, never written).
-      transpose_scaled(qb, ld, rows, D, qscale, w.qt, bm);
-      if (rows < lanes)
-        for (int64_t d = 0; d < D; ++d) std::fill(w.qt + d * bm + rows, w.qt + d * bm + lanes, 0.f);
-      std::fill(w.o, w.o + rows * Dp, 0.f);
-      std::fill(w.m, w.m + bm, M_INIT);
-      std::fill(w.l, w.l + bm, 0.f);
-
-      // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
-      const int64_t kb = window_left >= 0 ? std::max<int64_t>(0, i0 - window_left) : 0;
-      const int64_t ke = window_right >= 0 ? std::min(len, i0 + rows + window_right) : len;
-      for (int64_t j0 = kb; j0 < ke; j0 += BN) {
-        const int64_t nk = std::min(BN, ke - j0);
-        // K, V tiles copied to contiguous rows (rows heads*D apart would crowd a few cache sets); V rows
-        // zero-padded to Dp.
-        const float* kt = k + (blk.start + j0) * ld + h * D;
-        const float* vt = v + (blk.start + j0) * ld + h * D;
-        for (int64_t j = 0; j < nk; ++j) {
+      // Pack the item's K and V rows [kb, ke) contiguously (rows heads*D apart would crowd a few cache sets;
+      // V rows zero-padded to Dp), prefetching a few rows ahead: these reads come from DRAM or L3.
+      {
+        const float* kt = k + (item.start + item.kb) * ld + h * D;
+        const float* vt = v + (item.start + item.kb) * ld + h * D;
+        const int64_t nrows = item.ke - item.kb;
+        for (int64_t j = 0; j < nrows; ++j) {
+          if (j + kPrefetchRows < nrows) {
+            prefetch_rows(kt + (j + kPrefetchRows) * ld, ld, 1, D);
+            prefetch_rows(vt + (j + kPrefetchRows) * ld, ld, 1, D);
+          }
           copy_row(w.kp + j * D, kt + j * ld, D);
           copy_row(w.vp + j * Dp, vt + j * ld, D);
           if (Dp > D) std::fill(w.vp + j * Dp + D, w.vp + (j + 1) * Dp, 0.f);
         }
-        if (j0 + BN < ke) {  // the next tile's K and V rows arrive while this one is computed
-          const int64_t nn = std::min(BN, ke - j0 - BN);
-          prefetch_rows(kt + BN * ld, ld, nn, D);
-          prefetch_rows(vt + BN * ld, ld, nn, D);
-        }
-
-        // S^T = K Q^T (log2 units): one row per key, one lane per query.
-        product<false>({w.kp, D, 1, w.qt, bm, D, w.st, bm, nullptr}, nk, qcols);
-
-        // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
-        const bool masked = (window_left >= 0 && j0 < i0 + rows - 1 - window_left) ||
-                            (window_right >= 0 && j0 + nk - 1 > i0 + window_right);
-        if (masked) {
-          for (int64_t j = 0; j < nk; ++j) {
-            const int64_t ja = j0 + j;
-            int64_t lo = window_right >= 0 ? ja - window_right - i0 : 0;
-            int64_t hi = window_left >= 0 ? ja + window_left + 1 - i0 : lanes;
-            lo = std::clamp<int64_t>(lo, 0, lanes);
-            hi = std::clamp<int64_t>(hi, lo, lanes);
-            std::fill(w.st + j * bm, w.st + j * bm + lo, -INFINITY);
-            std::fill(w.st + j * bm + hi, w.st + j * bm + lanes, -INFINITY);
-          }
-        }
-
-        // Online softmax, one lane per query: m' = max(m, max_j S), P = 2^(S - m'), l = alpha l + sum_j P.
-        for (int64_t c = 0; c < qcols; ++c) {
-          float* st = w.st + c * VW;
-          vf mx = vset(-INFINITY), mx1 = mx;  // two chains: vmax latency, not throughput, bounds one
-          int64_t j = 0;
-          for (; j + 2 <= nk; j += 2) {
-            mx = vmax(mx, vload(st + j * bm));
-            mx1 = vmax(mx1, vload(st + (j + 1) * bm));
-          }
-          if (j < nk) mx = vmax(mx, vload(st + j * bm));
-          mx = vmax(mx, mx1);
-          const vf m_old = vload(w.m + c * VW);
-          const vf m_new = vmax(m_old, mx);
-          const vf a = vexp2(m_old - m_new);
-          vf sum = vf{};
-          for (int64_t j = 0; j < nk; ++j) {
-            const vf p = vexp2(vload(st + j * bm) - m_new);
-            vstore(st + j * bm, p);
-            sum += p;
-          }
-          vstore(w.m + c * VW, m_new);
-          vstore(w.l + c * VW, vload(w.l + c * VW) * a + sum);
-          vstore(w.alpha + c * VW, a);
-        }
-
-        // O = alpha O + P V: one row per query, registers along the features.
-        product<true>({w.st, 1, bm, w.vp, Dp, nk, w.o, Dp, w.alpha}, rows, Dp / VW);
+      }
+      if (it + nt < n_items) {  // the item this thread likely takes next: its first Q rows and K, V rows to L2
+        const Item& nx = items[it + nt];
+        prefetch_rows(q + (nx.start + nx.q0) * ld + nx.h * D, ld, std::min(bm, nx.q1 - nx.q0), D);
+        const int64_t nn = std::min<int64_t>(2 * kPrefetchRows, nx.ke - nx.kb);
+        prefetch_rows(k + (nx.start + nx.kb) * ld + nx.h * D, ld, nn, D);
+        prefetch_rows(v + (nx.start + nx.kb) * ld + nx.h * D, ld, nn, D);
       }
 
-      float* ob = out + (blk.start + i0) * ld + h * D;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float inv = w.l[r] > 0.f ? 1.f / w.l[r] : 0.f;
-        for (int64_t d = 0; d < D; ++d) ob[r * ld + d] = w.o[r * Dp + d] * inv;
+      for (int64_t i0 = item.q0; i0 < item.q1; i0 += bm) {
+        const int64_t rows = std::min(bm, item.q1 - i0);
+        const int64_t qcols = (rows + VW - 1) / VW;  // query registers in use
+        const int64_t lanes = qcols * VW;
+        // Q^T block (D x bm), pre-scaled; query lanes past the sequence are zero (computed, never written).
+        transpose_scaled(q + (item.start + i0) * ld + h * D, ld, rows, D, qscale, w.qt, bm);
+        if (rows < lanes)
+          for (int64_t d = 0; d < D; ++d) std::fill(w.qt + d * bm + rows, w.qt + d * bm + lanes, 0.f);
+        std::fill(w.o, w.o + rows * Dp, 0.f);
+        std::fill(w.m, w.m + bm, M_INIT);
+        std::fill(w.l, w.l + bm, 0.f);
+
+        // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
+        int64_t kb, ke;
+        key_range(i0, i0 + rows, len, wl, wr, &kb, &ke);
+        for (int64_t j0 = kb; j0 < ke; j0 += BN) {
+          const int64_t nk = std::min(BN, ke - j0);
+          const float* kp = w.kp + (j0 - item.kb) * D;
+          const float* vp = w.vp + (j0 - item.kb) * Dp;
+
+          // S^T = K Q^T (log2 units): one row per key, one lane per query.
+          product<false>({kp, D, 1, w.qt, bm, D, w.st, bm, nullptr}, nk, qcols);
+
+          // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
+          const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);
+          if (masked) {
+            for (int64_t j = 0; j < nk; ++j) {
+              const int64_t ja = j0 + j;
+              int64_t lo = wr >= 0 ? ja - wr - i0 : 0;
+              int64_t hi = wl >= 0 ? ja + wl + 1 - i0 : lanes;
+              lo = std::clamp<int64_t>(lo, 0, lanes);
+              hi = std::clamp<int64_t>(hi, lo, lanes);
+              std::fill(w.st + j * bm, w.st + j * bm + lo, -INFINITY);
+              std::fill(w.st + j * bm + hi, w.st + j * bm + lanes, -INFINITY);
+            }
+          }
+
+          // Online softmax, one lane per query: m' = max(m, max_j S), P = 2^(S - m'), l = alpha l + sum_j P.
+          for (int64_t c = 0; c < qcols; ++c) {
+            float* st = w.st + c * VW;
+            vf mx = vset(-INFINITY), mx1 = mx;  // two chains: vmax latency, not throughput, bounds one
+            int64_t j = 0;
+            for (; j + 2 <= nk; j += 2) {
+              mx = vmax(mx, vload(st + j * bm));
+              mx1 = vmax(mx1, vload(st + (j + 1) * bm));
+            }
+            if (j < nk) mx = vmax(mx, vload(st + j * bm));
+            mx = vmax(mx, mx1);
+            const vf m_old = vload(w.m + c * VW);
+            const vf m_new = vmax(m_old, mx);
+            const vf a = vexp2(m_old - m_new);
+            vf sum = vf{};
+            for (int64_t j = 0; j < nk; ++j) {
+              const vf p = vexp2(vload(st + j * bm) - m_new);
+              vstore(st + j * bm, p);
+              sum += p;
+            }
+            vstore(w.m + c * VW, m_new);
+            vstore(w.l + c * VW, vload(w.l + c * VW) * a + sum);
+            vstore(w.alpha + c * VW, a);
+          }
+
+          // O = alpha O + P V: one row per query, registers along the features.
+          product<true>({w.st, 1, bm, vp, Dp, nk, w.o, Dp, w.alpha}, rows, Dp / VW);
+        }
+
+        float* ob = out + (item.start + i0) * ld + h * D;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float inv = w.l[r] > 0.f ? 1.f / w.l[r] : 0.f;
+          for (int64_t d = 0; d < D; ++d) ob[r * ld + d] = w.o[r * Dp + d] * inv;
+        }
       }
     }
   }

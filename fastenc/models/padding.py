@@ -33,14 +33,17 @@ class PackedBatch:
 
     def __init__(self, mask: torch.Tensor | None, batch: int, seq: int, device):
         self.batch, self.seq = batch, seq
-        if mask is None or bool(mask.all()):
-            self.indices = None
-            self.cu_seqlens = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
-            self.max_seqlen = seq
-            self.total = batch * seq
-        else:
-            self.indices, self.cu_seqlens, self.max_seqlen = unpad_input(mask)
-            self.total = int(self.indices.numel())
+        # cu_seqlens as a normal tensor even under inference_mode: its version counter lets the attention op
+        # validate it (a host read, a sync on CUDA) once per forward instead of once per layer.
+        with torch.inference_mode(False):
+            if mask is None or bool(mask.all()):
+                self.indices = None
+                self.cu_seqlens = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32, device=device)
+                self.max_seqlen = seq
+                self.total = batch * seq
+            else:
+                self.indices, self.cu_seqlens, self.max_seqlen = unpad_input(mask)
+                self.total = int(self.indices.numel())
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         """(batch, seq, ...) -> (total, ...) real tokens only."""

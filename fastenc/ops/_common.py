@@ -1,6 +1,7 @@
 """Argument checks shared by the public ops: every error names the argument, the expected and the received."""
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -45,8 +46,15 @@ def check_approximate(op: str, approximate: Any) -> str:
 
 
 def rows_view(x: torch.Tensor, width: int) -> torch.Tensor:
-    """(..., width) -> (rows, width) contiguous (copies only if needed)."""
+    """(..., width) -> (rows, width) contiguous (copies only if needed; x itself when already so)."""
+    if x.dim() == 2 and x.is_contiguous():
+        return x
     return x.reshape(-1, width).contiguous()
+
+
+def as_shape(t: torch.Tensor, shape) -> torch.Tensor:
+    """t viewed as `shape` (t itself when it already has it)."""
+    return t if t.shape == shape else t.view(shape)
 
 
 def empty_or(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -54,8 +62,27 @@ def empty_or(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t if t is not None else like.new_empty(0)
 
 
+_CU_SEEN: tuple = (None, -1, -1, None)  # (weakref to the last valid cu_seqlens, its version, total, the list)
+
+
 def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> list[int]:
-    """Validate FlashAttention-style cu_seqlens; returns it as a Python list."""
+    """Validate FlashAttention-style cu_seqlens; returns it as a Python list.
+
+    A model passes one cu_seqlens to every layer: the last tensor that passed is remembered (weakly, with its
+    version counter), so it is read back to the host, a device sync on CUDA, once per forward, not per layer.
+    Inference tensors have no version counter (an in-place change would go unseen): they are always read."""
+    global _CU_SEEN
+    ref, version, seen_total, seen = _CU_SEEN  # one tuple, replaced whole: safe across threads
+    if (ref is not None and ref() is cu_seqlens and cu_seqlens._version == version and seen_total == total
+            and cu_seqlens.device == device):
+        return seen
+    cu = _validate_cu_seqlens(cu_seqlens, total, device, op)
+    if not cu_seqlens.is_inference():
+        _CU_SEEN = (weakref.ref(cu_seqlens), cu_seqlens._version, total, cu)
+    return cu
+
+
+def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype != torch.int32:

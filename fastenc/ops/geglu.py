@@ -6,7 +6,7 @@ import torch
 
 from fastenc import extension, registry
 from fastenc.ops import _backends
-from fastenc.ops._common import check_approximate, check_float, check_out, rows_view
+from fastenc.ops._common import as_shape, check_approximate, check_float, check_out, rows_view
 from fastenc.reference.geglu import geglu_ref
 
 OP = "geglu"
@@ -70,7 +70,7 @@ def geglu(x: torch.Tensor, approximate: str = "none", backend: str | None = None
     x2 = rows_view(x, n2)
     impl = registry.select(OP, {"x": x2}, backend)
     if out is None:
-        return _geglu_op(x2, approximate, impl.backend).view(out_shape)
+        return as_shape(_geglu_op(x2, approximate, impl.backend), torch.Size(out_shape))
     try:
         o2 = out.view(-1, n2 // 2)
     except RuntimeError:

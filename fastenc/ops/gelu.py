@@ -8,7 +8,7 @@ import torch
 
 from fastenc import extension, registry
 from fastenc.ops import _backends
-from fastenc.ops._common import check_approximate, check_float, check_like, check_out, rows_view
+from fastenc.ops._common import as_shape, check_approximate, check_float, check_like, check_out, rows_view
 from fastenc.reference.gelu import gelu_ref
 
 OP = "gelu"
@@ -76,6 +76,6 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
     impl = registry.select(OP, {"x": x2, "bias": bias}, backend)
     b = None if bias is None else bias.contiguous()
     if out is None:
-        return _gelu_op(x2, b, approximate, impl.backend).view(shape)
+        return as_shape(_gelu_op(x2, b, approximate, impl.backend), shape)
     _gelu_out_op(x2, b, approximate, impl.backend, out.view(x2.shape))
     return out

@@ -8,7 +8,7 @@ import torch
 
 from fastenc import registry
 from fastenc.ops import _backends
-from fastenc.ops._common import check_eps, check_float, check_like, empty_or, rows_view
+from fastenc.ops._common import as_shape, check_eps, check_float, check_like, empty_or, rows_view
 from fastenc.reference.layer_norm import layer_norm_ref
 
 OP = "layer_norm"
@@ -86,5 +86,5 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     impl = registry.select(OP, {"x": x2, "weight": weight, "bias": bias, "residual": r2}, backend)
     y, h = _layer_norm_op(x2, weight.contiguous(), None if bias is None else bias.contiguous(), r2, ib, eps,
                           keep, impl.backend)
-    y = y.view(x.shape)
-    return (y, h.view(x.shape)) if keep else y
+    y = as_shape(y, x.shape)
+    return (y, as_shape(h, x.shape)) if keep else y

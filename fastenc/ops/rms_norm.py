@@ -7,7 +7,7 @@ import torch
 
 from fastenc import registry
 from fastenc.ops import _backends
-from fastenc.ops._common import check_eps, check_float, check_like, empty_or, rows_view
+from fastenc.ops._common import as_shape, check_eps, check_float, check_like, empty_or, rows_view
 from fastenc.reference.rms_norm import rms_norm_ref
 
 OP = "rms_norm"
@@ -58,5 +58,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     r2 = rows_view(residual, hidden) if residual is not None else None
     impl = registry.select(OP, {"x": x2, "weight": weight, "residual": r2}, backend)
     y, h = _rms_norm_op(x2, weight.contiguous(), r2, eps, impl.backend)
-    y = y.view(x.shape)
-    return y if residual is None else (y, h.view(x.shape))
+    y = as_shape(y, x.shape)
+    return y if residual is None else (y, as_shape(h, x.shape))

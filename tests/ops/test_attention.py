@@ -307,3 +307,23 @@ def test_triton_kernel_compiles_for_sm90_sm80_without_spills():
     for r in rows:
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
         assert r["registers"] <= 255, r
+
+
+def test_cu_seqlens_changed_in_place_is_checked_again():
+    """A validated cu_seqlens is remembered by its version counter: an in-place change is seen and rejected."""
+    q, k, v = _qkv(9, 2, 16, dtype=torch.float32, device="cpu")
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=5, backend="reference")
+    ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=5, backend="reference")  # remembered: same result path
+    cu[1] = 7
+    with pytest.raises(ValueError, match="max_seqlen must be an int >= the longest sequence"):
+        ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=5, backend="reference")
+    cu[2] = 8
+    with pytest.raises(ValueError, match="end at total_tokens=9"):
+        ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=9, backend="reference")
+    with torch.inference_mode():  # inference tensors carry no version counter: always read
+        cu_inf = torch.tensor([0, 4, 9], dtype=torch.int32)
+        ops.attention(q, k, v, cu_seqlens=cu_inf, max_seqlen=5, backend="reference")
+        cu_inf[2] = 8
+        with pytest.raises(ValueError, match="end at total_tokens=9"):
+            ops.attention(q, k, v, cu_seqlens=cu_inf, max_seqlen=9, backend="reference")
