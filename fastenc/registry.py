@@ -102,23 +102,24 @@ def _primary_tensor(inputs: Mapping[str, Any]) -> torch.Tensor | None:
     return None
 
 
-_RANKED: dict[str, list["Impl"]] = {}
+_RANKED: dict[str, tuple[tuple["Impl", ...], list["Impl"]]] = {}
 
 
 def register(impl: Impl) -> Impl:
     if impl.backend not in BACKENDS:
         raise ValueError(f"register: backend must be one of {BACKENDS}, got {impl.backend!r}")
     _REGISTRY.setdefault(impl.op, {})[impl.backend] = impl
-    _RANKED.pop(impl.op, None)
     return impl
 
 
 def _ranked(op: str) -> list[Impl]:
-    """The op's implementations by priority, highest first (cached until the next register)."""
-    ranked = _RANKED.get(op)
-    if ranked is None:
-        ranked = _RANKED[op] = sorted(impls(op).values(), key=lambda i: -i.priority)
-    return ranked
+    """The op's implementations by priority, highest first; recomputed whenever the op's table changed."""
+    table = _REGISTRY.get(op)
+    current = tuple(table.values()) if table is not None else tuple(impls(op).values())
+    cached = _RANKED.get(op)
+    if cached is None or len(cached[0]) != len(current) or any(a is not b for a, b in zip(cached[0], current)):
+        cached = _RANKED[op] = (current, sorted(current, key=lambda i: -i.priority))
+    return cached[1]
 
 
 def ops() -> list[str]:

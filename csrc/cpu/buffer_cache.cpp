@@ -99,6 +99,7 @@ void cache_release() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   c.release_all();
+  c.peak = c.in_use;  // the trim limit starts again from what is in use now
 }
 
 CacheStats cache_stats() {

@@ -22,7 +22,7 @@ constexpr size_t kCacheMinBytes = 64 * 1024;
 void* cache_alloc(size_t bytes);
 // Return a block from cache_alloc (kept for reuse).
 void cache_free(void* p);
-// Release every cached (not in use) block to the system.
+// Release every cached (not in use) block to the system; the peak in use restarts from what is in use now.
 void cache_release();
 
 struct CacheStats {

@@ -315,6 +315,9 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         errors = verify(spec, hf, fns, skipped, device)
         rows = _time_workloads(spec, fns, workloads(spec, vocab), device, quick, tick, step)
     del hf
+    fns.clear()  # the next model starts without this one's models or cached fastenc buffers
+    from fastenc import extension
+    extension.empty_cache()
     for r in rows:
         r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
     return {"model": spec.name, "note": spec.note, "rows": rows, "skipped": skipped, "errors": errors}

@@ -15,7 +15,6 @@ import pytest
 from fastenc import extension
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-SOURCES = sorted(p.name for p in (CSRC / "cpu").glob("*.cpp"))
 TARGETS = ("haswell", "znver3", "skylake-avx512")
 CXX = shutil.which("g++")
 
@@ -28,13 +27,15 @@ def simd_loop_lines(src: Path) -> set[int]:
     return {i + 2 for i, ln in enumerate(lines) if re.match(r"\s*#pragma omp simd\b", ln)}
 
 
+# The sources with omp simd loops (attention.cpp vectorizes with explicit vector types instead).
+SOURCES = sorted(p.name for p in (CSRC / "cpu").glob("*.cpp") if simd_loop_lines(p))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("source", SOURCES)
 def test_simd_loops_vectorize(source, target, tmp_path):
     src = CSRC / "cpu" / source
     loops = simd_loop_lines(src)
-    if not loops:
-        pytest.skip(f"{source} has no omp simd loop")
     flags = [f for f in extension.cflags(aot=True) if not f.startswith("-march=")] + [f"-march={target}"]
     cmd = [CXX, *flags, "-std=c++17", f"-I{CSRC}", "-fopt-info-vec-missed", "-c", str(src), "-o",
            str(tmp_path / "k.o")]
