@@ -264,8 +264,9 @@ int64_t carve_work(float* p, int64_t D, int64_t Dp, int64_t span, Work* w) {
 }
 
 // A work item: query rows [q0, q1) of one (sequence, head), processed in blocks of bm rows against keys
-// [kb, ke), which are packed once per item. Sequences up to kWholeSeq tokens are one item (their K and V are
-// read from memory once, not once per query block); longer ones one item per query block.
+// [kb, ke). Sequences up to kWholeSeq tokens are one item whose K and V rows are packed once (read from memory
+// once, not once per query block; 512 rows x 2 x 256 B stay in L2); longer ones are one item per query block
+// whose K and V are packed a BN-row tile at a time, just before use, with the next tile prefetched.
 struct Item {
   int64_t start, len, q0, q1, kb, ke, h;
 };
@@ -309,7 +310,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
       for (int64_t q0 = 0; q0 < len; q0 += step) {
         Item it{start, len, q0, std::min(len, q0 + step), 0, 0, h};
         key_range(it.q0, it.q1, len, wl, wr, &it.kb, &it.ke);
-        span = std::max(span, it.ke - it.kb);
+        span = std::max(span, it.ke - it.kb <= kWholeSeq ? it.ke - it.kb : BN);
         items.push_back(it);
       }
   }
@@ -331,22 +332,24 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
       const Item& item = items[it];
       const int64_t h = item.h, len = item.len;
 
-      // Pack the item's K and V rows [kb, ke) contiguously (rows heads*D apart would crowd a few cache sets;
-      // V rows zero-padded to Dp), prefetching a few rows ahead: these reads come from DRAM or L3.
-      {
-        const float* kt = k + (item.start + item.kb) * ld + h * D;
-        const float* vt = v + (item.start + item.kb) * ld + h * D;
-        const int64_t nrows = item.ke - item.kb;
+      // K and V rows copied contiguously (rows heads*D apart would crowd a few cache sets; V rows zero-padded
+      // to Dp), prefetching a few rows ahead (these reads come from DRAM or L3): the item's whole key range
+      // at once when it is short, else tile by tile below.
+      const bool whole = item.ke - item.kb <= kWholeSeq;
+      auto pack = [&](int64_t j0, int64_t nrows, float* kdst, float* vdst) {
+        const float* kt = k + (item.start + j0) * ld + h * D;
+        const float* vt = v + (item.start + j0) * ld + h * D;
         for (int64_t j = 0; j < nrows; ++j) {
           if (j + kPrefetchRows < nrows) {
             prefetch_rows(kt + (j + kPrefetchRows) * ld, ld, 1, D);
             prefetch_rows(vt + (j + kPrefetchRows) * ld, ld, 1, D);
           }
-          copy_row(w.kp + j * D, kt + j * ld, D);
-          copy_row(w.vp + j * Dp, vt + j * ld, D);
-          if (Dp > D) std::fill(w.vp + j * Dp + D, w.vp + (j + 1) * Dp, 0.f);
+          copy_row(kdst + j * D, kt + j * ld, D);
+          copy_row(vdst + j * Dp, vt + j * ld, D);
+          if (Dp > D) std::fill(vdst + j * Dp + D, vdst + (j + 1) * Dp, 0.f);
         }
-      }
+      };
+      if (whole) pack(item.kb, item.ke - item.kb, w.kp, w.vp);
       if (it + nt < n_items) {  // the item this thread likely takes next: its first Q rows and K, V rows to L2
         const Item& nx = items[it + nt];
         prefetch_rows(q + (nx.start + nx.q0) * ld + nx.h * D, ld, std::min(bm, nx.q1 - nx.q0), D);
@@ -372,8 +375,16 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         key_range(i0, i0 + rows, len, wl, wr, &kb, &ke);
         for (int64_t j0 = kb; j0 < ke; j0 += BN) {
           const int64_t nk = std::min(BN, ke - j0);
-          const float* kp = w.kp + (j0 - item.kb) * D;
-          const float* vp = w.vp + (j0 - item.kb) * Dp;
+          const float* kp = w.kp + (whole ? (j0 - item.kb) * D : 0);
+          const float* vp = w.vp + (whole ? (j0 - item.kb) * Dp : 0);
+          if (!whole) {
+            pack(j0, nk, w.kp, w.vp);
+            if (j0 + BN < ke) {  // the next tile's rows arrive while this one is computed
+              const int64_t nn = std::min(BN, ke - j0 - BN);
+              prefetch_rows(k + (item.start + j0 + BN) * ld + h * D, ld, nn, D);
+              prefetch_rows(v + (item.start + j0 + BN) * ld + h * D, ld, nn, D);
+            }
+          }
 
           // S^T = K Q^T (log2 units): one row per key, one lane per query.
           product<false>({kp, D, 1, w.qt, bm, D, w.st, bm, nullptr}, nk, qcols);
