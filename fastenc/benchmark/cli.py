@@ -26,6 +26,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ops", default=None, help="kernels: comma-separated ops to run (default: all)")
     p.add_argument("--shapes", default=None, help="kernels: comma-separated substrings of shape names to keep")
     p.add_argument("--models", default=None, help="models: comma-separated of bert-base, modernbert-base, vit-b16, minilm")
+    p.add_argument("--same-process", action="store_true",
+                   help="models: run every model in this process (default: one fresh process per model when several run)")
     p.add_argument("--providers", default=None,
                    help="comma-separated providers to keep (kernels: e.g. cpu,reference,torch-eager,torch-compile; "
                         "models: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime)")
@@ -78,4 +80,4 @@ def _run_suite(args, suite, device, dtype, out):
                                    compile_ref=not args.no_compile, plots=not args.no_plots, note=args.note)
     return suite.bench_models(device, dtype, quick=args.quick, out=out, models=_split(args.models),
                               providers=_split(args.providers), compile_hf=not args.no_compile,
-                              plots=not args.no_plots, note=args.note)
+                              plots=not args.no_plots, note=args.note, isolate=False if args.same_process else None)

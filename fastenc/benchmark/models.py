@@ -160,6 +160,10 @@ def onnx_session(spec: ModelSpec, hf_model, threads: int, workdir: Path, log: Ca
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # No busy-waiting after a run: ORT's spinning pool would take the cores from whichever provider runs next
+    # in the interleaved timing (a second-long forward loses nothing to the wake-up).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
     def run(inputs):

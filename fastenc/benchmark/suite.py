@@ -1,6 +1,8 @@
 """The two suites behind `fastenc bench`: run, show a progress bar and a table, write JSON/CSV/PNG."""
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,8 +77,45 @@ def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
             report.plot_roofline(out / "kernels_roofline.png", timed, ceil, f"kernel roofline ({where})")]
 
 
+def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step) -> dict:
+    """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
+    an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
+    transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
+    spec = json.dumps({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+                       "providers": list(wanted), "quick": bool(quick), "threads": int(threads)})
+    proc = subprocess.Popen([sys.executable, "-m", "fastenc.benchmark.isolated", spec], stdout=subprocess.PIPE,
+                            text=True)
+    result, error = None, None
+    try:
+        for line in proc.stdout:
+            msg = json.loads(line)
+            kind, payload = msg["kind"], msg.get("payload")
+            if kind == "step":
+                step(payload)
+            elif kind == "tick":
+                tick()
+            elif kind == "log":
+                log(payload)
+            elif kind == "error":
+                error = payload
+            elif kind == "done":
+                result = payload
+    finally:
+        code = proc.wait()
+    if result is None:
+        raise RuntimeError(f"{name}: benchmark process failed (exit code {code})" + (f": {error}" if error else ""))
+    return result
+
+
+def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step) -> dict:
+    return _models.run_model(_models.MODELS[name], device, dtype, wanted, quick=quick, threads=threads, log=log,
+                             tick=tick, step=step)
+
+
 def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
-                 compile_hf: bool = True, plots: bool = True, note: str | None = None) -> dict:
+                 compile_hf: bool = True, plots: bool = True, note: str | None = None,
+                 isolate: bool | None = None) -> dict:
+    """isolate: each model in its own process (default when more than one model runs)."""
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
@@ -95,6 +134,8 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
                          "varlen": "16 sequences, lengths uniform in [16, 384], torch.Generator().manual_seed(0); "
                                    "baselines run the batch padded to its longest sequence; tokens/s counts real tokens",
                          "latency": "batch 1: 1 x 128 tokens (ViT: 1 image), p50/p95"}
+    isolate = len(names) > 1 if isolate is None else isolate
+    meta["process_per_model"] = isolate
     t0 = time.perf_counter()
     results = []
     steps = ["build", "check outputs", "batch-1 latency", "fixed workload", "varlen workload"]
@@ -108,8 +149,8 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
             done[0] += 1
             bar.set_postfix_str(f"{n}: {msg}")
 
-        results.append(_models.run_model(_models.MODELS[n], device, dtype, wanted, quick=quick, threads=threads,
-                                         log=_log, tick=bar.refresh, step=step))
+        run = _run_model_isolated if isolate else _run_model_here
+        results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step))
         bar.update(len(steps) - done[0] + 1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]

@@ -103,3 +103,20 @@ def test_tiny_model_end_to_end(monkeypatch):
         assert r["latency_p50_ms"] <= r["latency_p95_ms"]
         if r["provider"] == "fastenc":
             assert math.isfinite(r["ratio_vs_hf-sdpa"]) and r["ratio_vs_hf-sdpa"] > 0
+
+
+def test_models_run_one_process_per_model(tmp_path):
+    """With several models each runs in a fresh process (fastenc.benchmark.isolated); rows and steps come back."""
+    from fastenc.benchmark import suite
+
+    steps = []
+    res = suite._run_model_isolated("minilm", "cpu", torch.float32, ["fastenc", "hf-sdpa"], True,
+                                    torch.get_num_threads(), log=lambda m: None, tick=lambda: None,
+                                    step=steps.append)
+    assert steps[:2] == ["build", "check outputs"]
+    got = {(r["workload"], r["provider"]) for r in res["rows"]}
+    assert {("fixed", "fastenc"), ("fixed", "hf-sdpa"), ("varlen", "fastenc")} <= got
+    assert res["errors"]["fastenc"] < 1e-4
+    with pytest.raises(RuntimeError, match="no-such-model.*KeyError"):
+        suite._run_model_isolated("no-such-model", "cpu", torch.float32, ["fastenc"], True, 1,
+                                  log=lambda m: None, tick=lambda: None, step=lambda m: None)
