@@ -280,10 +280,21 @@ class LoraLinear(Linear):
     plain F.linear otherwise. Modules become this class only while they carry adapters (their class is switched
     back when the last adapter is removed). Adapter tensors follow x's device and dtype (converted once)."""
 
-    def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    def _active(self):
         state = self.__dict__.get("_lora_state")
         name = state.current() if state is not None else None
-        ads = self.__dict__.get("_lora_adapters", {})
+        return name, self.__dict__.get("_lora_adapters", {})
+
+    def output_bias(self) -> torch.Tensor | None:
+        name, ads = self._active()
+        ad = ads.get(name) if name is not None else None
+        return ad[2] if ad is not None and ad[0] == "full" else self.bias
+
+    def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.add_(self.forward(x, with_bias=False))
+
+    def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        name, ads = self._active()
         ad = ads.get(name) if name is not None else None
         if ad is None:
             return F.linear(x, self.weight, self.bias if with_bias else None)

@@ -32,6 +32,11 @@ class SelfAttention(nn.Module):
                 rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, out_bias: bool = True) -> torch.Tensor:
         """x: (tokens, hidden); cu_seqlens int32 (batch+1,); rope: (cos, sin, positions int32 (tokens,)) or None.
         out_bias=False leaves Wo's bias to the caller (fused into the next LayerNorm as its input_bias)."""
+        return self.Wo(self.attend(x, cu_seqlens, max_seqlen, rope), with_bias=out_bias)
+
+    def attend(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+               rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The attention output before Wo: (tokens, hidden)."""
         t = x.shape[0]
         if x.device.type == "cpu" and type(self.Wqkv) is Linear:  # (a Wqkv carrying unmerged LoRA: own forward)
             # The fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous (tokens, hidden)
@@ -55,4 +60,4 @@ class SelfAttention(nn.Module):
             cos, sin, pos = rope
             q, k = ops.rope(q, k, cos, sin, position_ids=pos)
         o = ops.attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=self.window)
-        return self.Wo(o.reshape(t, self.hidden), with_bias=out_bias)
+        return o.reshape(t, self.hidden)

@@ -34,5 +34,16 @@ class Linear(nn.Module):
                 return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
         return F.linear(x, w, bias)
 
+    def output_bias(self) -> torch.Tensor | None:
+        """The bias forward() adds (a caller that runs forward(x, with_bias=False) fuses this one elsewhere)."""
+        return self.bias
+
+    def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out += x @ weight.T (no bias), in place: one GEMM with beta = 1, so a residual sum needs no pass of its
+        own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features)."""
+        if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
+            return out.addmm_(x, self.weight.t())
+        return out.add_(F.linear(x, self.weight))
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

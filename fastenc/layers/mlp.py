@@ -54,8 +54,12 @@ class MLP(nn.Module):
         self.fc2 = Linear(intermediate, hidden, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
-        return self.fc2(activation(self.act, self.fc1(x, with_bias=False), self.fc1.bias, inplace=True),
-                        with_bias=out_bias)
+        return self.fc2(self.hidden(x), with_bias=out_bias)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """act(fc1(x)): (tokens, intermediate), the input of fc2."""
+        h = self.fc1(x, with_bias=False)
+        return activation(self.act, h, self.fc1.output_bias(), inplace=True)
 
 
 class GeGLUMLP(nn.Module):

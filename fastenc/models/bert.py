@@ -42,8 +42,9 @@ class BertEmbeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """Post-norm block: x = LN(x + attn(x)); x = LN(x + mlp(x)), each LN fused with its residual add and with the
-    bias of the linear before it (Wo, fc2), and writing only its output (the sum is not kept)."""
+    """Post-norm block: x = LN(x + attn(x)); x = LN(x + mlp(x)). The residual add happens inside the Wo and fc2
+    GEMMs (x += o Wo^T, accumulated into x once the QKV projection has read it), and the bias of each of
+    those linears inside the LayerNorm that follows; the norms write only their output."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -54,10 +55,13 @@ class BertLayer(nn.Module):
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        a = self.attn(x, cu_seqlens, max_seqlen, out_bias=False)
-        x = self.attn_norm(a, residual=x, input_bias=self.attn.Wo.bias, return_residual=False)
-        m = self.mlp(x, out_bias=False)
-        return self.mlp_norm(m, residual=x, input_bias=self.mlp.fc2.bias, return_residual=False)
+        """x: (tokens, hidden), a buffer of this model's own (the embeddings' or the previous layer's output): it
+        is overwritten."""
+        o = self.attn.attend(x, cu_seqlens, max_seqlen)
+        self.attn.Wo.accumulate_(o, x)
+        x = self.attn_norm(x, input_bias=self.attn.Wo.output_bias())
+        self.mlp.fc2.accumulate_(self.mlp.hidden(x), x)
+        return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias())
 
 
 class BertModel(LoraMixin, TextEncoderMixin, nn.Module):

@@ -55,7 +55,7 @@ class ModernBertHead(nn.Module):
         self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.bias))
+        return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
 
 
 class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
@@ -98,8 +98,8 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
             cos, sin = tables[layer.kind]
             a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos), out_bias=False)
-            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.bias)
-            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.bias
+            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.output_bias())
+            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.output_bias()
         if delta is None:
             return self.final_norm(h), batch
         return self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch

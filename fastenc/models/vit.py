@@ -86,8 +86,8 @@ class ViTModel(LoraMixin, nn.Module):
             else:
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
             a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=False)
-            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.bias)
-            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.fc2.bias
+            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.output_bias())
+            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.fc2.output_bias()
         if delta is None:
             return self.norm(h), batch
         return self.norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
@@ -96,7 +96,8 @@ class ViTModel(LoraMixin, nn.Module):
         """act(dense(hidden[:, 0])): (batch, seq, hidden) -> (batch, pooler_output_size)."""
         if self.pooler is None:
             raise ValueError(f"{type(self).__name__}: this model has no pooler (add_pooling_layer=False)")
-        return activation(self.config.pooler_act, self.pooler(hidden[:, 0], with_bias=False), self.pooler.bias)
+        return activation(self.config.pooler_act, self.pooler(hidden[:, 0], with_bias=False),
+                          self.pooler.output_bias())
 
     def forward(self, pixel_values, *, return_packed: bool = False):
         x, batch = self._encode(pixel_values)

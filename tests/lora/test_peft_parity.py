@@ -122,3 +122,18 @@ def test_two_adapters_switched_per_call():
     fe.remove_lora()
     assert not any(isinstance(m, LoraLinear) for m in fe.modules())
     close(fe(ids, mask, types), base, mask)
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_modules_to_save_inside_the_encoder(merge):
+    """A trained copy of a layer whose bias fastenc fuses elsewhere (the attention output dense, whose bias goes
+    into the next LayerNorm; fc1's into the GELU): the copy's own bias must be the one used."""
+    hf = _hf.bert("base")
+    pm = peft_model(hf, r=4, lora_alpha=8, target_modules=["query"],
+                    modules_to_save=["attention.output.dense", "intermediate.dense"])
+    ids, mask, types = _hf.text_batch([23, 8], seed=8)
+    with torch.no_grad():
+        ref = pm(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    fe = fastenc.from_hf(hf)
+    fe.load_lora(pm, merge=merge)
+    close(fe(ids, mask, types), ref, mask)
