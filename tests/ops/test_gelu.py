@@ -115,3 +115,13 @@ def test_gelu_into_out(backend, dtype, inplace):
     got = fastenc.ops.gelu(src, b, backend=backend, out=target)
     assert got.data_ptr() == target.data_ptr()
     testing.assert_close(target, ref, lowp, extra=testing.interpreter_extra(backend, dtype, ref))
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not available")
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_cpu_gelu_limits(approximate):
+    """The CPU kernel's tail cut (x < -13 -> -0) gives GELU's limits at the infinities; NaN stays NaN."""
+    x = torch.tensor([[float("-inf"), -1e30, -13.5, -12.9, float("inf"), 1e30, float("nan")]])
+    out = fastenc.ops.gelu(x, approximate=approximate, backend="cpu")
+    assert out[0, :4].abs().max() < 1e-30 and bool(torch.signbit(out[0, 0]))
+    assert out[0, 4] == float("inf") and out[0, 5] == 1e30 and bool(out[0, 6].isnan())
