@@ -345,16 +345,6 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
     lat = timing.interleaved(bind("latency"), device, warmup=1, repeats=5 if quick else 20,
                              min_time_s=0 if quick else 5, max_repeats=50, on_round=tick)
     mem: dict[str, float] = {}
-
-    def with_memory(calls):  # the first timed call of each provider also records its peak memory
-        def wrap(name, call):
-            def f():
-                if name in mem:
-                    return call()
-                mem[name] = timing.peak_memory(call, device)[0]
-            return f
-        return {n: wrap(n, c) for n, c in calls.items()}
-
     per = {}
     for w in ("fixed", "varlen"):
         if w not in loads:
@@ -364,8 +354,11 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
         for name in calls:  # torch.compile specializes on shapes: compile for this workload outside the timing
             if name == "hf-compile":
                 calls[name]()
-        per[w] = timing.interleaved(with_memory(calls) if w == "fixed" else calls, device,
-                                    warmup=0 if quick else 1, repeats=2 if quick else 5, on_round=tick)
+        if w == "fixed":  # peak memory of one call per provider, untimed: it starts from emptied caches and
+            for name, call in calls.items():  # heap, which a timed sample must not (it would time the refill)
+                mem[name] = timing.peak_memory(call, device)[0]
+        per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1, repeats=2 if quick else 5,
+                                    on_round=tick)
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
     for w, samples in per.items():
         _, units, desc = loads[w]
