@@ -5,7 +5,8 @@ ONNX Runtime on CPU (exported from the same transformers model and checked again
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
 [16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
 sequence with an attention mask, as transformers users run it). Throughput counts real tokens only.
-Batch-1 latency (1 x 128, or 1 image) p50/p95, peak memory of one fixed-workload call, ratios to baselines.
+Batch-1 latency (1 x 128, or 1 image) p50/p95, peak memory of one fixed-workload call, ratios to baselines:
+of the medians, and paired (the median of the per-round ratios of the interleaved samples).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import io
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -357,8 +359,8 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
         if w == "fixed":  # peak memory of one call per provider, untimed: it starts from emptied caches and
             for name, call in calls.items():  # heap, which a timed sample must not (it would time the refill)
                 mem[name] = timing.peak_memory(call, device)[0]
-        per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1, repeats=2 if quick else 5,
-                                    on_round=tick)
+        per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
+                                    repeats=2 if quick else (9 if w == "fixed" else 7), on_round=tick)
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
     for w, samples in per.items():
         _, units, desc = loads[w]
@@ -372,8 +374,16 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
             for b in BASELINES:
                 if b in thr and b != name:
                     row[f"ratio_vs_{b}"] = thr[name] / thr[b]
+                    row[f"paired_ratio_vs_{b}"] = paired_ratio(samples[b], s)
             rows.append(row)
     return rows
+
+
+def paired_ratio(base_ms: list[float], ms: list[float]) -> float:
+    """Median over rounds of base time / time, each round's two samples taken next to each other (interleaved):
+    a slow stretch of the machine hits both sides of a pair, so this moves less between runs than the ratio of
+    the two medians."""
+    return float(statistics.median(b / t for b, t in zip(base_ms, ms)))
 
 
 def threads_default() -> int:

@@ -231,7 +231,7 @@ def results_markdown(folder: Path) -> str:
         parts += [f"Models (`fastenc bench models{' --quick' if d['quick'] else ''}`): {_machine_line(d)}.",
                   f"Workloads: {d['workloads']['fixed']}; variable length: {d['workloads']['varlen']}. "
                   "Ratios are fastenc's throughput over the baseline's, measured in the same run "
-                  "(providers interleaved, medians). Peak memory: growth of the process's resident set during one "
+                  "(providers interleaved): of the medians, and paired (the median of the per-round ratios). Peak memory: growth of the process's resident set during one "
                   "fixed-workload call (CPU) or max_memory_allocated (CUDA).", ""]
         if d.get("note"):
             parts += [f"Note: {d['note']}", ""]
@@ -240,9 +240,10 @@ def results_markdown(folder: Path) -> str:
                 ("latency_p50_ms", "batch-1 p50 ms"), ("latency_p95_ms", "p95 ms"), ("peak_mem_mib", "peak MiB"),
                 ("max_abs_err_vs_transformers", "max abs err")]
         rows = d["rows"]
-        cols += [(f"ratio_vs_{b}", f"fastenc / {b}") for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile")
-                 if any(f"ratio_vs_{b}" in r for r in rows)]
-        shown = [dict(r, **{k: None for k in r if k.startswith("ratio_vs_") and r["provider"] != "fastenc"}) for r in rows]
+        for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile"):
+            cols += [(f"{k}ratio_vs_{b}", f"fastenc / {b}{' (paired)' if k else ''}") for k in ("", "paired_")
+                     if any(f"{k}ratio_vs_{b}" in r for r in rows)]
+        shown = [dict(r, **{k: None for k in r if "ratio_vs_" in k and r["provider"] != "fastenc"}) for r in rows]
         parts += [_md_table(shown, cols), ""]
         skipped = [f"- {m['model']} {p}: {why}" for m in d["models"] for p, why in m["skipped"].items()]
         if skipped:

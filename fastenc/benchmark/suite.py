@@ -170,6 +170,8 @@ def model_table(results: list[dict]) -> str:
             ("median_ms", "median ms"), ("latency_p50_ms", "b1 p50 ms"), ("latency_p95_ms", "b1 p95 ms"),
             ("peak_mem_mib", "peak MiB"), ("max_abs_err_vs_transformers", "max err")]
     cols += [(f"ratio_vs_{b}", f"x {b}") for b in _models.BASELINES if any(f"ratio_vs_{b}" in r for r in rows)]
+    cols += [(f"paired_ratio_vs_{b}", f"paired x {b}") for b in _models.BASELINES
+             if any(f"paired_ratio_vs_{b}" in r for r in rows)]
     text = report.table(rows, cols)
     notes = [f"  {res['model']} {p}: {why}" for res in results for p, why in res["skipped"].items()]
     if notes:
@@ -177,7 +179,8 @@ def model_table(results: list[dict]) -> str:
     lines = []
     for r in rows:
         if r["provider"] == "fastenc":
-            parts = [f"{r[f'ratio_vs_{b}']:.2f}x {b}" for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile")
+            parts = [f"{r[f'ratio_vs_{b}']:.2f}x {b} (paired {r[f'paired_ratio_vs_{b}']:.2f}x)"
+                     for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile")
                      if f"ratio_vs_{b}" in r and r[f"ratio_vs_{b}"] is not None]
             if parts:
                 lines.append(f"  {r['model']} {r['workload']}: fastenc = " + ", ".join(parts))

@@ -120,3 +120,11 @@ def test_models_run_one_process_per_model(tmp_path):
     with pytest.raises(RuntimeError, match="no-such-model.*KeyError"):
         suite._run_model_isolated("no-such-model", "cpu", torch.float32, ["fastenc"], True, 1,
                                   log=lambda m: None, tick=lambda: None, step=lambda m: None)
+
+
+def test_paired_ratio_pairs_rounds():
+    """A slow round hits both providers: the paired ratio sees 2x in every round, the ratio of medians does not."""
+    base = [20.0, 10.0, 30.0, 10.0, 30.0]   # the machine slows down in rounds 0, 2, 4
+    fast = [10.0, 5.0, 15.0, 5.0, 15.0]
+    assert models.paired_ratio(base, fast) == 2.0
+    assert models.paired_ratio([3.0, 1.0], [1.0, 1.0]) == 2.0  # median of 3 and 1
