@@ -45,12 +45,15 @@ namespace {
 #endif
 constexpr int NR = FASTENC_NR, NC = FASTENC_NC;
 constexpr int VW = FASTENC_VW;
+// Q^T is stored as panels of PW queries (one micro-tile's register columns), each D x PW contiguous: the panel a
+// micro-tile streams is 4 KiB in a row (AVX2) rather than D rows 512 B apart that share 8 of the 64 L1 sets.
+constexpr int64_t PW = NC * VW;
 typedef float vf __attribute__((vector_size(FASTENC_VW * 4)));
 typedef int32_t vi __attribute__((vector_size(FASTENC_VW * 4)));
 
 constexpr int64_t BM = 128;  // most query rows per work item: the register lanes of S^T
 constexpr int64_t BN = 64;   // keys per tile
-static_assert(BM % (2 * VW) == 0, "BM / 2 must be a whole number of registers");
+static_assert((BM / 2) % PW == 0, "query blocks (BM or BM / 2 rows) must be whole Q^T panels");
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float M_INIT = -1e30f;  // finite running max: 2^(S - m) and 2^(m - m') never see inf - inf
 
@@ -117,8 +120,8 @@ inline vf vexp2(vf x) {
   return p * two_n;
 }
 
-// Q^T block: qt[d * ldt + r] = src[r * ld + d] * s for r < rows, d < D. Strided scalar stores (or loads) keep
-// hitting the same few L1 sets (rows 3 KiB apart, qt rows 512 B apart): 15% of the kernel's time at 8 x 128 tokens
+// Q^T block: qt[d * ldt + r] = src[r * ld + d] * s for r < rows, d < D (called once per panel). Strided scalar
+// stores (or loads) keep hitting the same few L1 sets (rows 3 KiB apart): 15% of the kernel's time at 8 x 128 tokens
 // before 8 x 8 blocks were transposed in registers (AVX), edges scalar.
 inline void transpose_scaled(const float* src, int64_t ld, int64_t rows, int64_t D, float s, float* qt,
                              int64_t ldt) {
@@ -169,9 +172,10 @@ inline void prefetch_rows(const float* p, int64_t ld, int64_t rows, int64_t n) {
 }
 
 // The one micro-kernel, for both products:
-//   Out[r][c regs] = (ACC ? alpha[r] Out[r] : 0) + sum_t A(r, t) * B[t][c regs],   r < R, C registers from c0,
-// A(r, t) = A[r * ars + t * ats] broadcast from memory; B rows ldb floats apart, Out rows ldo floats apart.
-//   S^T = K Q^T:           A = K tile (ars = D, ats = 1),  B = Q^T (ldb = BM), t = feature
+//   Out[r][c0 + c regs] = (ACC ? alpha[r] Out[r] : 0) + sum_t A(r, t) * B[t][c regs],   r < R, c < C,
+// A(r, t) = A[r * ars + t * ats] broadcast from memory; B (already at register column c0) rows ldb floats apart,
+// Out rows ldo floats apart.
+//   S^T = K Q^T:           A = K tile (ars = D, ats = 1),  B = a Q^T panel (ldb = PW), t = feature
 //   O = alpha O + P V:     A = P^T   (ars = 1, ats = BM), B = V tile (ldb = Dp), t = key
 template <int R, int C, bool ACC>
 inline void micro(const float* A, int64_t ars, int64_t ats, const float* B, int64_t ldb, int64_t n, float* Out,
@@ -185,7 +189,7 @@ inline void micro(const float* A, int64_t ars, int64_t ats, const float* B, int6
       for (int c = 0; c < C; ++c) acc[r][c] = vf{};
     }
   }
-  const float* bt = B + c0 * VW;
+  const float* bt = B;
   for (int64_t t = 0; t < n; ++t, bt += ldb, A += ats) {
     vf bv[C];
     for (int c = 0; c < C; ++c) bv[c] = vload(bt + c * VW);
@@ -206,26 +210,28 @@ struct Operands {
   float* Out;
   int64_t ldo;
   const float* alpha;
+  int64_t bpanel;  // 0: B is one matrix (register column c at B + c * VW); else floats between NC-register panels
 };
 
 // All `rows` rows of Out for register columns [c0, c0 + C): full NR-row tiles, then the remainder.
 template <int C, bool ACC>
 inline void micro_rows(const Operands& o, int64_t c0, int64_t rows) {
+  const float* B = o.bpanel ? o.B + c0 / NC * o.bpanel : o.B + c0 * VW;
   int64_t r = 0;
   for (; r + NR <= rows; r += NR)
-    micro<NR, C, ACC>(o.A + r * o.ars, o.ars, o.ats, o.B, o.ldb, o.n, o.Out + r * o.ldo, o.ldo,
+    micro<NR, C, ACC>(o.A + r * o.ars, o.ars, o.ats, B, o.ldb, o.n, o.Out + r * o.ldo, o.ldo,
                       ACC ? o.alpha + r : nullptr, c0);
   const float* a = o.A + r * o.ars;
   float* out = o.Out + r * o.ldo;
   const float* al = ACC ? o.alpha + r : nullptr;
   switch (rows - r) {
 #if FASTENC_NR > 5
-    case 5: micro<5, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
-    case 4: micro<4, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 5: micro<5, C, ACC>(a, o.ars, o.ats, B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 4: micro<4, C, ACC>(a, o.ars, o.ats, B, o.ldb, o.n, out, o.ldo, al, c0); break;
 #endif
-    case 3: micro<3, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
-    case 2: micro<2, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
-    case 1: micro<1, C, ACC>(a, o.ars, o.ats, o.B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 3: micro<3, C, ACC>(a, o.ars, o.ats, B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 2: micro<2, C, ACC>(a, o.ars, o.ats, B, o.ldb, o.n, out, o.ldo, al, c0); break;
+    case 1: micro<1, C, ACC>(a, o.ars, o.ats, B, o.ldb, o.n, out, o.ldo, al, c0); break;
     default: break;
   }
 }
@@ -363,9 +369,11 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         const int64_t qcols = (rows + VW - 1) / VW;  // query registers in use
         const int64_t lanes = qcols * VW;
         // Q^T block (D x bm), pre-scaled; query lanes past the sequence are zero (computed, never written).
-        transpose_scaled(q + (item.start + i0) * ld + h * D, ld, rows, D, qscale, w.qt, bm);
-        if (rows < lanes)
-          for (int64_t d = 0; d < D; ++d) std::fill(w.qt + d * bm + rows, w.qt + d * bm + lanes, 0.f);
+        for (int64_t r0 = 0; r0 < rows; r0 += PW)
+          transpose_scaled(q + (item.start + i0 + r0) * ld + h * D, ld, std::min(PW, rows - r0), D, qscale,
+                           w.qt + r0 * D, PW);
+        for (int64_t r = rows; r < lanes; ++r)
+          for (int64_t d = 0; d < D; ++d) w.qt[r / PW * PW * D + d * PW + r % PW] = 0.f;
         std::fill(w.o, w.o + rows * Dp, 0.f);
         std::fill(w.m, w.m + bm, M_INIT);
         std::fill(w.l, w.l + bm, 0.f);
@@ -387,7 +395,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
           }
 
           // S^T = K Q^T (log2 units): one row per key, one lane per query.
-          product<false>({kp, D, 1, w.qt, bm, D, w.st, bm, nullptr}, nk, qcols);
+          product<false>({kp, D, 1, w.qt, PW, D, w.st, bm, nullptr, PW * D}, nk, qcols);
 
           // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
           const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);
@@ -429,7 +437,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
           }
 
           // O = alpha O + P V: one row per query, registers along the features.
-          product<true>({w.st, 1, bm, vp, Dp, nk, w.o, Dp, w.alpha}, rows, Dp / VW);
+          product<true>({w.st, 1, bm, vp, Dp, nk, w.o, Dp, w.alpha, 0}, rows, Dp / VW);
         }
 
         float* ob = out + (item.start + i0) * ld + h * D;
