@@ -36,6 +36,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--backend", default=None, help="prefer this kernel backend (reference, triton, cuda, cpu)")
     p.add_argument("--bench-size", type=int, default=256, metavar="N",
                    help="sentences in the throughput comparison (the texts repeated; 0 skips it)")
+    p.add_argument("--rounds", type=int, default=5, metavar="R",
+                   help="timed rounds of the throughput comparison, fastenc and transformers interleaved (default 5)")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with transformers")
     p.set_defaults(func=main)
 
@@ -112,6 +114,27 @@ def _timed(fn, sync):
     return out, time.perf_counter() - t
 
 
+def _interleaved(fns: dict, rounds: int, sync, progress: bool) -> dict[str, list[float]]:
+    """Seconds per call of each fn over `rounds` rounds; the order alternates every round (A B, B A, ...) so a
+    machine whose speed drifts during the run slows both sides alike."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    it = range(rounds)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="throughput", unit="round", leave=False)
+    for r in it:
+        for n in (names if r % 2 == 0 else names[::-1]):
+            times[n].append(_timed(fns[n], sync)[1])
+    return times
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
+
+
 def main(args) -> int:
     import contextlib
 
@@ -123,6 +146,10 @@ def main(args) -> int:
     folder = Path(args.model) if args.model else _default_model()
     if args.batch_size < 1:
         raise SystemExit(f"fastenc run: --batch-size must be >= 1, got {args.batch_size}")
+    if args.rounds < 1:
+        raise SystemExit(f"fastenc run: --rounds must be >= 1, got {args.rounds}")
+    if args.bench_size < 0:
+        raise SystemExit(f"fastenc run: --bench-size must be >= 0, got {args.bench_size}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = (torch.float32 if device.type == "cpu" else torch.float16) if args.dtype == "auto" \
         else getattr(torch, DTYPES[args.dtype])
@@ -180,17 +207,21 @@ def main(args) -> int:
             work = [seqs[i % len(seqs)] for i in range(args.bench_size)]
             tokens = sum(len(s) for s in work)
             order, batches = make_batches(work, args.batch_size)
-            model.encode(work[: args.batch_size], batch_size=args.batch_size)  # warm-up
-            _, t_fe = _timed(lambda: model.encode(work, batch_size=args.batch_size, show_progress=len(batches) > 8),
-                             sync)
-            print(f"\nthroughput {len(work)} sentences, {tokens} tokens")
-            print(f"  {'fastenc':<22} {tokens / t_fe:10.0f} tokens/s  {len(work) / t_fe:8.1f} sentences/s")
+            fns = {"fastenc": lambda: model.encode(work, batch_size=args.batch_size)}
             if hf is not None:
-                _hf_encode(hf, batches[:1], list(range(len(batches[0][0]))), pooling, normalize, False)  # warm-up
-                _, t_hf = _timed(lambda: _hf_encode(hf, batches, order, pooling, normalize, len(batches) > 8), sync)
-                print(f"  {'transformers (sdpa)':<22} {tokens / t_hf:10.0f} tokens/s  {len(work) / t_hf:8.1f} "
-                      f"sentences/s")
-                print(f"  speedup {t_hf / t_fe:.2f}x")
+                fns["transformers (sdpa)"] = lambda: _hf_encode(hf, batches, order, pooling, normalize, False)
+            for fn in fns.values():  # warm-up: one whole pass each (buffers, caches, first-call work)
+                fn()
+            long_work = len(batches) * args.rounds > 16
+            times = _interleaved(fns, args.rounds, sync, long_work)
+            print(f"\nthroughput {len(work)} sentences, {tokens} tokens, {args.rounds} round(s) interleaved, median")
+            for name, ts in times.items():
+                t = _median(ts)
+                print(f"  {name:<22} {tokens / t:10.0f} tokens/s  {len(work) / t:8.1f} sentences/s")
+            if hf is not None:
+                ratios = [h / f for f, h in zip(times["fastenc"], times["transformers (sdpa)"])]
+                spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f}x)" if len(ratios) > 1 else ""
+                print(f"  speedup {_median(ratios):.2f}x{spread}")
     return 0
 
 

@@ -20,6 +20,16 @@ def test_run_texts_file(tmp_path, capsys):
     m = re.search(r"max abs difference ([0-9.e+-]+).*\[ok\]", out)
     assert m and float(m.group(1)) < 1e-4, out
     assert "tokens/s" in out and "transformers (sdpa)" in out and re.search(r"speedup \d+\.\d+x", out)
+    # the default 5 rounds, interleaved; the per-round spread is printed beside the median ratio
+    assert "5 round(s) interleaved" in out
+    lo, hi = map(float, re.search(r"\(rounds (\d+\.\d+)-(\d+\.\d+)x\)", out).groups())
+    assert 0 < lo <= float(re.search(r"speedup (\d+\.\d+)x", out).group(1)) <= hi
+
+
+def test_run_one_round(capsys):
+    assert cli.main(["run", "--bench-size", "4", "--rounds", "1", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "1 round(s) interleaved" in out and re.search(r"speedup \d+\.\d+x\n", out)
 
 
 def test_run_default_sentences_with_backend(capsys):
@@ -36,5 +46,9 @@ def test_run_bad_arguments(tmp_path):
     empty.write_text("\n\n")
     with pytest.raises(SystemExit, match="no non-empty lines"):
         cli.main(["run", "--texts", str(empty)])
+    with pytest.raises(SystemExit, match="--rounds must be >= 1, got 0"):
+        cli.main(["run", "--rounds", "0"])
+    with pytest.raises(SystemExit, match="--bench-size must be >= 0, got -1"):
+        cli.main(["run", "--bench-size", "-1"])
     with pytest.raises(SystemExit, match="fastenc run: .* is not a directory"):
         cli.main(["run", "--model", str(tmp_path / "nope"), "--bench-size", "0"])
