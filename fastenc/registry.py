@@ -132,6 +132,14 @@ def impls(op: str) -> dict[str, Impl]:
     return dict(_REGISTRY[op])
 
 
+def impl(op: str, backend: str) -> Impl:
+    """The op's `backend` implementation (no copy of the table: the custom ops call this on every dispatch)."""
+    try:
+        return _REGISTRY[op][backend]
+    except KeyError:
+        raise ValueError(f"{op}: no {backend!r} implementation; registered: {sorted(impls(op))}") from None
+
+
 def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:
     names = [value] if isinstance(value, str) else list(value)
     out: list[str] = []

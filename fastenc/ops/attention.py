@@ -16,6 +16,7 @@ from fastenc import registry
 from fastenc.registry import _dt
 from fastenc.ops import _backends
 from fastenc.ops._common import check_cu_seqlens, check_float
+from fastenc.ops._library import custom_op
 from fastenc.reference.attention import attention_varlen_ref
 
 OP = "attention"
@@ -25,10 +26,10 @@ def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale
     return attention_varlen_ref(q, k, v, cu_seqlens, (window_left, window_right), scale)
 
 
-@torch.library.custom_op("fastenc::attention", mutates_args=())
+@custom_op("fastenc::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   window_left: int, window_right: int, scale: float, backend: str) -> torch.Tensor:
-    return registry.impls(OP)[backend].fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
+    return registry.impl(OP, backend).fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
 
 
 @_attention_op.register_fake

@@ -7,6 +7,7 @@ import torch
 from fastenc import extension, registry
 from fastenc.ops import _backends
 from fastenc.ops._common import as_shape, check_approximate, check_float, check_out, rows_view
+from fastenc.ops._library import custom_op
 from fastenc.reference.geglu import geglu_ref
 
 OP = "geglu"
@@ -16,9 +17,9 @@ def _reference(x, approximate):
     return geglu_ref(x, approximate)
 
 
-@torch.library.custom_op("fastenc::geglu", mutates_args=())
+@custom_op("fastenc::geglu", mutates_args=())
 def _geglu_op(x: torch.Tensor, approximate: str, backend: str) -> torch.Tensor:
-    return registry.impls(OP)[backend].fn(x, approximate)
+    return registry.impl(OP, backend).fn(x, approximate)
 
 
 @_geglu_op.register_fake
@@ -26,7 +27,7 @@ def _(x, approximate, backend):
     return x.new_empty(x.shape[0], x.shape[1] // 2)
 
 
-@torch.library.custom_op("fastenc::geglu_out", mutates_args=("out",))
+@custom_op("fastenc::geglu_out", mutates_args=("out",))
 def _geglu_out_op(x: torch.Tensor, approximate: str, backend: str, out: torch.Tensor) -> None:
     """The same into `out` (rows, N) with unit column stride (may be x[:, :N]); cpu and triton write it directly."""
     if backend == "cpu":
@@ -35,7 +36,7 @@ def _geglu_out_op(x: torch.Tensor, approximate: str, backend: str, out: torch.Te
         from fastenc.kernels.geglu import geglu_fwd
         geglu_fwd(x, approximate, out=out)
     else:
-        out.copy_(registry.impls(OP)[backend].fn(x, approximate))
+        out.copy_(registry.impl(OP, backend).fn(x, approximate))
 
 
 @_geglu_out_op.register_fake

@@ -9,6 +9,7 @@ import torch
 from fastenc import extension, registry
 from fastenc.ops import _backends
 from fastenc.ops._common import as_shape, check_approximate, check_float, check_like, check_out, rows_view
+from fastenc.ops._library import custom_op
 from fastenc.reference.gelu import gelu_ref
 
 OP = "gelu"
@@ -18,9 +19,9 @@ def _reference(x, bias, approximate):
     return gelu_ref(x, bias, approximate)
 
 
-@torch.library.custom_op("fastenc::gelu", mutates_args=())
+@custom_op("fastenc::gelu", mutates_args=())
 def _gelu_op(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str, backend: str) -> torch.Tensor:
-    return registry.impls(OP)[backend].fn(x, bias, approximate)
+    return registry.impl(OP, backend).fn(x, bias, approximate)
 
 
 @_gelu_op.register_fake
@@ -28,7 +29,7 @@ def _(x, bias, approximate, backend):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("fastenc::gelu_out", mutates_args=("out",))
+@custom_op("fastenc::gelu_out", mutates_args=("out",))
 def _gelu_out_op(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str, backend: str,
                  out: torch.Tensor) -> None:
     """The same into `out` (may be x): the cpu and triton kernels write it directly, others copy once."""
@@ -38,7 +39,7 @@ def _gelu_out_op(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str
         from fastenc.kernels.gelu import gelu_fwd
         gelu_fwd(x, bias, approximate, out=out)
     else:
-        out.copy_(registry.impls(OP)[backend].fn(x, bias, approximate))
+        out.copy_(registry.impl(OP, backend).fn(x, bias, approximate))
 
 
 @_gelu_out_op.register_fake

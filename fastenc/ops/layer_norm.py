@@ -9,6 +9,7 @@ import torch
 from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import as_shape, check_eps, check_float, check_like, empty_or, rows_view
+from fastenc.ops._library import custom_op
 from fastenc.reference.layer_norm import layer_norm_ref
 
 OP = "layer_norm"
@@ -33,11 +34,11 @@ def _pre_added(fn):
     return call
 
 
-@torch.library.custom_op("fastenc::layer_norm", mutates_args=())
+@custom_op("fastenc::layer_norm", mutates_args=())
 def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                    residual: Optional[torch.Tensor], input_bias: Optional[torch.Tensor], eps: float,
                    store_residual: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = registry.impls(OP)[backend].fn(x, weight, bias, residual, input_bias, eps, store_residual)
+    y, h = registry.impl(OP, backend).fn(x, weight, bias, residual, input_bias, eps, store_residual)
     return y, empty_or(h, x)
 
 

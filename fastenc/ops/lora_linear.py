@@ -18,6 +18,7 @@ import torch
 from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import check_float, check_like, rows_view
+from fastenc.ops._library import custom_op
 from fastenc.ops.merge_lora import check_adapter, check_scale
 from fastenc.reference.lora_linear import lora_linear_ref
 
@@ -30,10 +31,10 @@ def _reference(x, weight, bias, lora_a, lora_b, scale):
     return lora_linear_ref(x, weight, bias, lora_a, lora_b, scale)
 
 
-@torch.library.custom_op("fastenc::lora_linear", mutates_args=())
+@custom_op("fastenc::lora_linear", mutates_args=())
 def _lora_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], lora_a: torch.Tensor,
                     lora_b: torch.Tensor, scale: float, backend: str) -> torch.Tensor:
-    return registry.impls(OP)[backend].fn(x, weight, bias, lora_a, lora_b, scale)
+    return registry.impl(OP, backend).fn(x, weight, bias, lora_a, lora_b, scale)
 
 
 @_lora_linear_op.register_fake

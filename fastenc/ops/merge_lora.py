@@ -17,6 +17,7 @@ import torch
 from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import check_float
+from fastenc.ops._library import custom_op
 from fastenc.reference.merge_lora import merge_lora_ref
 
 OP = "merge_lora"
@@ -26,10 +27,10 @@ def _reference(weight, lora_a, lora_b, scale):
     return merge_lora_ref(weight, lora_a, lora_b, scale)
 
 
-@torch.library.custom_op("fastenc::merge_lora", mutates_args=())
+@custom_op("fastenc::merge_lora", mutates_args=())
 def _merge_lora_op(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float,
                    backend: str) -> torch.Tensor:
-    return registry.impls(OP)[backend].fn(weight, lora_a, lora_b, scale)
+    return registry.impl(OP, backend).fn(weight, lora_a, lora_b, scale)
 
 
 @_merge_lora_op.register_fake

@@ -8,6 +8,7 @@ import torch
 from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import as_shape, check_eps, check_float, check_like, empty_or, rows_view
+from fastenc.ops._library import custom_op
 from fastenc.reference.rms_norm import rms_norm_ref
 
 OP = "rms_norm"
@@ -18,10 +19,10 @@ def _reference(x, weight, residual, eps):
     return out if residual is not None else (out, None)
 
 
-@torch.library.custom_op("fastenc::rms_norm", mutates_args=())
+@custom_op("fastenc::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], eps: float,
                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = registry.impls(OP)[backend].fn(x, weight, residual, eps)
+    y, h = registry.impl(OP, backend).fn(x, weight, residual, eps)
     return y, empty_or(h, x)
 
 

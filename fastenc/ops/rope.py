@@ -6,6 +6,7 @@ import torch
 from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import check_cu_seqlens, check_float
+from fastenc.ops._library import custom_op
 from fastenc.reference.rope import rope_cache, rope_ref
 
 OP = "rope"
@@ -15,10 +16,10 @@ def _reference(q, k, cos, sin, positions):
     return rope_ref(q, k, cos, sin, positions)
 
 
-@torch.library.custom_op("fastenc::rope", mutates_args=())
+@custom_op("fastenc::rope", mutates_args=())
 def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
              backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return registry.impls(OP)[backend].fn(q, k, cos, sin, positions)
+    return registry.impl(OP, backend).fn(q, k, cos, sin, positions)
 
 
 @_rope_op.register_fake

@@ -104,3 +104,29 @@ def test_opcheck_out_variants(op, base, sample):
         args = tuple(backend if n == "backend" else sample[n].clone() if isinstance(sample[n], torch.Tensor)
                      else sample[n] for n in names)
         torch.library.opcheck(custom, args)
+
+
+def test_backward_through_an_op_raises_naming_it():
+    x = testing.randn(5, 64).requires_grad_(True)
+    y = fastenc.ops.layer_norm(x, testing.randn(64), backend="reference")
+    assert y.requires_grad  # the autograd kernel is registered (outside inference mode): no silent zero gradient
+    with pytest.raises(RuntimeError, match="fastenc::layer_norm has no backward"):
+        y.sum().backward()
+    with torch.inference_mode():
+        assert not fastenc.ops.gelu(x.detach(), backend="cpu").requires_grad
+
+
+def test_ops_under_torch_compile_match_eager():
+    # aot_eager runs the traced graph through the fake kernels and AOT dispatch without a C++ compile step;
+    # the dispatch in the public functions (registry.select) is not traced: dynamo breaks the graph there.
+    w, b = testing.randn(96), testing.randn(96)
+
+    def block(x, r):
+        y, h = fastenc.ops.layer_norm(x, w, b, residual=r)
+        return fastenc.ops.gelu(y, bias=b), h
+
+    compiled = torch.compile(block, backend="aot_eager")
+    for n in (7, 13):  # a second shape: the recompiled graph must run too
+        x, r = testing.randn(n, 96), testing.randn(n, 96)
+        for got, want in zip(compiled(x, r), block(x, r)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
