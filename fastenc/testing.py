@@ -103,3 +103,12 @@ def device_for(backend: str) -> str:
     if backend == "cpu":
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def out_cases(backends: Iterable[str]) -> list:
+    """pytest params (backend, dtype, inplace) for an op's out= tests: every backend x dtype, into a separate
+    tensor and in place."""
+    import pytest
+
+    return [pytest.param(be, dt, inplace, id=f"{be}-{dtype_id(dt)}-{'inplace' if inplace else 'out'}")
+            for be in backends for dt in DTYPES for inplace in (True, False)]

@@ -73,8 +73,7 @@ def test_triton_writes_every_element(dtype):
                          extra=testing.interpreter_extra("triton", dtype, ref))
 
 
-OUT_CASES = [pytest.param(be, dt, inplace, id=f"{be}-{testing.dtype_id(dt)}-{'inplace' if inplace else 'out'}")
-             for be, dt, inplace in itertools.product(BACKENDS, testing.DTYPES, (True, False))]
+OUT_CASES = testing.out_cases(BACKENDS)
 
 
 @pytest.mark.parametrize("backend,dtype,inplace", OUT_CASES)

@@ -98,8 +98,7 @@ def test_cpu_gelu_dense_accuracy(approximate):
         assert float(rel.max()) <= 1e-4, float(rel.max())
 
 
-OUT_CASES = [pytest.param(be, dt, inplace, id=f"{be}-{testing.dtype_id(dt)}-{'inplace' if inplace else 'out'}")
-             for be, dt, inplace in itertools.product(BACKENDS, testing.DTYPES, (True, False))]
+OUT_CASES = testing.out_cases(BACKENDS)
 
 
 @pytest.mark.parametrize("backend,dtype,inplace", OUT_CASES)
