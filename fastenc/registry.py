@@ -212,6 +212,36 @@ def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | No
     raise ValueError(f"{op}: no implementation can serve these inputs: " + " | ".join(skipped))
 
 
+def select_backward(op: str, inputs: Mapping[str, Any], forward_backend: str) -> Impl:
+    """Pick the implementation of a backward op (`<op>_bwd`) for `inputs`.
+
+    The backward runs on the backend that ran the forward when that backend's backward can serve the inputs;
+    otherwise the automatic choice (highest priority that can serve) takes it and a warning says so once.
+    When nothing can serve, ValueError lists every backend's reason. Ops call this before running the forward
+    when a gradient will be needed, so an unservable backward fails before any kernel runs.
+    """
+    table = impls(op)
+    own = table.get(forward_backend)
+    why = ([f"{op} has no {forward_backend} implementation"] if own is None
+           else own.not_supported_reasons(inputs))
+    if not why:
+        return own
+    reasons: list[str] = []
+    for impl in _ranked(op):
+        r = impl.not_supported_reasons(inputs, auto=True)
+        if not r:
+            key = (op, forward_backend, impl.backend, tuple(why))
+            if key not in _WARNED:
+                _WARNED.add(key)
+                msg = f"fastenc: {op} runs on {impl.backend}, not {forward_backend}: " + "; ".join(why)
+                log.warning(msg)
+                warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            return impl
+        reasons.append(f"{impl.backend}: " + "; ".join(r))
+    raise ValueError(f"{op}: the forward ran on {forward_backend}, and no backend can compute the backward for "
+                     f"these inputs: {forward_backend}: " + "; ".join(why) + " | " + " | ".join(reasons))
+
+
 def _warn_once(op: str, chosen: str, skipped: list[str]) -> None:
     # Only warn when a backend that would normally serve this device was unavailable (not for the
     # ordinary "triton is cuda-only" skips on CPU).

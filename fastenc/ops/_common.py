@@ -45,6 +45,11 @@ def check_approximate(op: str, approximate: Any) -> str:
     return approximate
 
 
+def needs_grad(*tensors) -> bool:
+    """Whether autograd will record an op over these inputs (grad mode on and one of them requires grad)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def rows_view(x: torch.Tensor, width: int) -> torch.Tensor:
     """(..., width) -> (rows, width) contiguous (copies only if needed; x itself when already so)."""
     if x.dim() == 2 and x.is_contiguous():

@@ -8,9 +8,10 @@ dynamo-disable frame, an output-aliasing check) that cost ~10-20 us per call; he
 function directly (~3 us over a plain Python call). At batch 1 or short sequences, and on a GPU, that per-op cost
 is a visible share of a layer.
 
-The kernels are inference kernels: a backward pass that reaches one raises RuntimeError naming the op (as
-torch.library.custom_op does without a registered formula). That autograd kernel is skipped under
-torch.inference_mode(), where the models run.
+Autograd: every functional op gets an autograd kernel at definition; its formula is attached later with
+`Op.register_autograd(backward, setup_context)` (the op file defines the backward op first). Until then, and for
+the `<op>_bwd` ops themselves (no second-order gradients), a backward pass that reaches the op raises
+RuntimeError naming it. That autograd kernel is skipped under torch.inference_mode(), where inference runs.
 """
 from __future__ import annotations
 
@@ -22,15 +23,11 @@ _LIB = torch.library.Library("fastenc", "DEF")  # defining schemas is cheap: no 
 _KEYS = ("CPU", "CUDA")
 
 
-def _no_backward(qualname: str) -> Callable:
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{qualname} has no backward: fastenc's kernels are inference kernels (run the model "
-                           "under torch.inference_mode() or torch.no_grad())")
-    return backward
-
-
-def _no_context(ctx, inputs, output) -> None:
-    return None
+def _no_backward_message(qualname: str) -> str:
+    if qualname.endswith("_bwd"):
+        return (f"{qualname} has no backward: second-order gradients through {qualname[:-4]} are not supported "
+                "(use create_graph=False)")
+    return f"{qualname} has no backward (run it under torch.inference_mode() or torch.no_grad())"
 
 
 class Op:
@@ -43,8 +40,11 @@ class Op:
         _LIB.define(name + torch.library.infer_schema(fn, mutates_args=tuple(mutates_args)))
         for key in _KEYS:
             _LIB.impl(name, fn, key)
+        self._backward: Callable | None = None
+        self._setup_context: Callable | None = None
         if not mutates_args:  # (an op writing into `out` returns nothing to differentiate)
-            torch.library.register_autograd(qualname, _no_backward(qualname), setup_context=_no_context, lib=_LIB)
+            torch.library.register_autograd(qualname, self._autograd_backward, setup_context=self._autograd_setup,
+                                            lib=_LIB)
         self.qualname = qualname
         self.fn = fn
         self._overload = getattr(torch.ops.fastenc, name).default
@@ -53,6 +53,20 @@ class Op:
 
     def __call__(self, *args):
         return self._overload(*args)
+
+    def register_autograd(self, backward: Callable, setup_context: Callable) -> None:
+        """Attach the op's derivative: setup_context(ctx, inputs, output) saves what backward(ctx, *grads) needs;
+        backward returns one gradient (or None) per op argument."""
+        self._backward, self._setup_context = backward, setup_context
+
+    def _autograd_setup(self, ctx, inputs, output) -> None:
+        if self._setup_context is not None:
+            self._setup_context(ctx, inputs, output)
+
+    def _autograd_backward(self, ctx, *grads):
+        if self._backward is None:
+            raise RuntimeError(_no_backward_message(self.qualname))
+        return self._backward(ctx, *grads)
 
     def register_fake(self, fake: Callable) -> Callable:
         torch.library.register_fake(self.qualname, fake, lib=_LIB)

@@ -8,11 +8,12 @@ import torch
 
 from fastenc import extension, registry
 from fastenc.ops import _backends
-from fastenc.ops._common import as_shape, check_approximate, check_float, check_like, check_out, rows_view
+from fastenc.ops._common import as_shape, needs_grad, check_approximate, check_float, check_like, check_out, rows_view
 from fastenc.ops._library import custom_op
-from fastenc.reference.gelu import gelu_ref
+from fastenc.reference.gelu import gelu_bwd_ref, gelu_ref
 
 OP = "gelu"
+OP_BWD = "gelu_bwd"
 
 
 def _reference(x, bias, approximate):
@@ -53,6 +54,48 @@ _backends.cpu(OP, "gelu")
 _backends.cuda(OP, "gelu_cuda")
 
 
+# ---- backward: dx = grad * gelu'(x + bias), dbias = sum over rows of dx; recomputed from x (nothing saved but x)
+
+def _reference_bwd(grad, x, bias, approximate):
+    """grad, x: (rows, N) contiguous; bias: (N,) or None -> dx (rows, N) in x's dtype."""
+    return gelu_bwd_ref(grad, x, bias, approximate)
+
+
+@custom_op("fastenc::gelu_bwd", mutates_args=())
+def _gelu_bwd_op(grad: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str,
+                 backend: str) -> torch.Tensor:
+    return registry.impl(OP_BWD, backend).fn(grad, x, bias, approximate)
+
+
+@_gelu_bwd_op.register_fake
+def _(grad, x, bias, approximate, backend):
+    return torch.empty_like(x)
+
+
+_backends.reference(OP_BWD, _reference_bwd)
+
+
+def _setup_context(ctx, inputs, output):
+    x, bias, approximate, backend = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.approximate, ctx.backend = approximate, backend
+
+
+def _backward(ctx, grad):
+    x, bias = ctx.saved_tensors
+    need_x, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need_x or need_bias):
+        return None, None, None, None
+    grad = grad.contiguous()
+    impl = registry.select_backward(OP_BWD, {"grad": grad, "x": x, "bias": bias}, ctx.backend)
+    dx = _gelu_bwd_op(grad, x, bias, ctx.approximate, impl.backend)
+    dbias = dx.sum(0, dtype=torch.float32).to(bias.dtype) if need_bias else None
+    return (dx if need_x else None), dbias, None, None
+
+
+_gelu_op.register_autograd(_backward, _setup_context)
+
+
 def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none",
          backend: str | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """gelu(x + bias). x: (..., N) fp32/fp16/bf16; bias: (N,) same dtype; approximate: 'none' | 'tanh'.
@@ -76,6 +119,10 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
     x2 = rows_view(x, n)
     impl = registry.select(OP, {"x": x2, "bias": bias}, backend)
     b = None if bias is None else bias.contiguous()
+    if needs_grad(x, bias):
+        if out is not None:
+            raise ValueError(f"{OP}: out= is an inference form; it cannot be used when x or bias requires grad")
+        registry.select_backward(OP_BWD, {"grad": x2, "x": x2, "bias": b}, impl.backend)  # fails before the forward
     if out is None:
         return as_shape(_gelu_op(x2, b, approximate, impl.backend), shape)
     _gelu_out_op(x2, b, approximate, impl.backend, out.view(x2.shape))

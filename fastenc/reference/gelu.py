@@ -1,6 +1,8 @@
 """GELU reference: exact 0.5*x*(1+erf(x/sqrt 2)) or tanh form 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715x^3)))."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -11,3 +13,24 @@ def gelu_ref(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str
     if bias is not None:
         t = t + bias.to(t.dtype)
     return F.gelu(t, approximate=approximate).to(x.dtype)
+
+
+def gelu_bwd_ref(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none",
+                 upcast: bool = True) -> torch.Tensor:
+    """d gelu(x + bias) / dx * grad, explicit formulas, math in fp32 when `upcast`; grad, x: (..., N) -> dx like x.
+
+    exact: gelu'(t) = Phi(t) + t * phi(t), Phi(t) = (1 + erf(t / sqrt 2)) / 2, phi(t) = exp(-t^2 / 2) / sqrt(2 pi)
+    tanh:  u = sqrt(2/pi) (t + 0.044715 t^3), gelu'(t) = (1 + tanh u) / 2 + t/2 (1 - tanh^2 u) sqrt(2/pi) (1 + 3 0.044715 t^2)
+    The bias gradient is dx summed over every dim but the last.
+    """
+    t = x.float() if upcast else x
+    g = grad.to(t.dtype)
+    if bias is not None:
+        t = t + bias.to(t.dtype)
+    if approximate == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+        th = torch.tanh(k * (t + 0.044715 * t * t * t))
+        d = 0.5 * (1.0 + th) + 0.5 * t * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * t * t)
+    else:
+        d = 0.5 * (1.0 + torch.erf(t * (1.0 / math.sqrt(2.0)))) + t * torch.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
+    return (g * d).to(x.dtype)
