@@ -7,7 +7,10 @@ fp32 implementations must match the fp32 reference to ~1e-5 relative.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+import hashlib
+import itertools
+import os
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -63,11 +66,63 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
+# ---- reproducible random data -------------------------------------------------------------------------------
+# Every seed derives from one base seed per test (tests/conftest.py sets it from the test's node id) and a counter:
+# the n-th randn call of a test draws from stable_seed(base, n), so each call has its own stream, the same node id
+# gives the same data in every run, and torch's global generator is never touched. Outside a test (benchmarks,
+# scripts) the base is 0: reproducible per process as well.
+_SEED_STATE: tuple[str, int, Iterator[int]] = ("", 0, itertools.count())
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 63-bit seed from the text of `parts`, the same in every process (sha256, not Python's salted hash())."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def seed_for_test(node_id: str) -> int:
+    """Base seed of the test `node_id`: FASTENC_TEST_SEED when set (an integer, for every test), else
+    stable_seed(node_id)."""
+    env = os.environ.get("FASTENC_TEST_SEED", "").strip()
+    if env:
+        try:
+            return int(env, 0) & (2**63 - 1)
+        except ValueError:
+            raise ValueError(f"FASTENC_TEST_SEED must be an integer, got {env!r}") from None
+    return stable_seed(node_id)
+
+
+def set_test_seed(node_id: str, base: int | None = None) -> int:
+    """Start the seed stream of test `node_id` (base from seed_for_test unless given); returns the base."""
+    global _SEED_STATE
+    base = seed_for_test(node_id) if base is None else int(base)
+    _SEED_STATE = (node_id, base, itertools.count())
+    return base
+
+
+def current_seed() -> tuple[str, int]:
+    """(node id, base seed) of the running test ('', 0 outside a test)."""
+    return _SEED_STATE[0], _SEED_STATE[1]
+
+
+def next_seed() -> int:
+    """The seed of the next random draw in this test: stable_seed(base, n) for its n-th draw."""
+    _, base, counter = _SEED_STATE
+    return stable_seed(base, next(counter))
+
+
+def generator(seed: int | None = None) -> torch.Generator:
+    """A CPU generator seeded with `seed`, or with next_seed() when none is given."""
+    return torch.Generator(device="cpu").manual_seed(next_seed() if seed is None else int(seed))
+
+
 def randn(*shape: int, dtype=torch.float32, device="cpu", scale: float = 1.0, seed: int | None = None) -> torch.Tensor:
-    """Fresh random data (never zeros); `seed` for reproducibility within a test."""
-    g = torch.Generator(device="cpu")
-    g.manual_seed(seed if seed is not None else torch.seed() % (2**31))
-    return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+    """Fresh standard-normal data of `shape` (times `scale`) in `dtype` on `device`, drawn on the CPU.
+
+    seed: an explicit seed (the same data wherever it is called); by default the next seed of the running test's
+    stream (next_seed()). Never reads or advances torch's global generator.
+    """
+    return (torch.randn(*shape, generator=generator(seed)) * scale).to(device=device, dtype=dtype)
 
 
 def shape_id(shape) -> str:
