@@ -467,8 +467,9 @@ def _inplace_call(d: Data, op: str, total: int, cu: torch.Tensor):
         dim = 16 if d.backend == "triton" else _head_dims(d.backend)[-1]
         (q, k, v), (qv, kv, vv) = _qkv(d, dtype, (total,), 2, dim)
         call = lambda: ops.attention(qv, kv, vv, cu_seqlens=cu, backend=d.backend)  # noqa: E731
+        ref = lambda split, up: attention_varlen_ref(q, k, v, _cu(split, d.device), upcast=up)  # noqa: E731
         check = lambda out, split: testing.assert_close(  # noqa: E731
-            out, attention_varlen_ref(q, k, v, _cu(split, d.device)).float(), dtype=dtype)
+            out, ref(split, True).float(), _lowp(dtype, lambda: ref(split, False)), dtype=dtype)
         return call, check
     q, k, qv, kv, half = _rope_inputs(d, dtype, (total,))
     cos, sin = rope_cache(2 * half, total + 64, 10000.0, device=d.device)  # a table longer than any sequence
@@ -494,10 +495,10 @@ def _inplace_case(draw, backend, op: str, how: str, invalid: bool):
 
 
 def _inplace_params(op: str, xfail: dict) -> list:
-    """(backend, how) for CPU tensors (the numpy view needs one); `xfail` maps a backend to a known failure."""
+    """(backend, how); the numpy view exists for CPU tensors only. `xfail` maps a backend to a known failure."""
     return [pytest.param(be, how, id=f"{be}-{how}",
                          marks=[pytest.mark.xfail(strict=True, reason=xfail[be])] if be in xfail else [])
-            for be in _backends(op) for how in ("numpy", "data") if testing.device_for(be) == "cpu"]
+            for be in _backends(op) for how in ("numpy", "data") if how == "data" or testing.device_for(be) == "cpu"]
 
 
 def _isolated(fn: str, *args) -> None:
