@@ -218,7 +218,7 @@ def test_geglu(backend):
     run(backend, _geglu_case)
 
 
-# ---------------------------------------------------------------- varlen helpers
+# ---------------------------------------------------------------- varlen splits
 def _split(draw, total: int, label: str, n: int | None = None) -> list[int]:
     """cu_seqlens of a random split of `total` tokens into n (drawn: 1..5) sequences, empty sequences allowed."""
     n = draw(st.integers(1, 5), label=f"{label} sequences") if n is None else n
@@ -266,7 +266,7 @@ def _rope_check(d: Data, dtype, q, k, qo, ko, cos, sin, pos):
 def _rope_case(draw, backend):
     d = Data(draw, backend)
     dtype = d.dtype("rope")
-    mode = draw(st.sampled_from(("cu_seqlens", "position_ids", "packed position_ids")), label="positions")
+    mode = draw(st.sampled_from(("cu_seqlens", "position_ids", "packed position_ids", "default")), label="positions")
     theta = draw(st.sampled_from((10000.0, 160000.0)), label="theta")
     if mode == "cu_seqlens":
         cu = _split(draw, draw(st.integers(0, 40), label="tokens"), "split")
@@ -275,6 +275,12 @@ def _rope_case(draw, backend):
         cos, sin = rope_cache(2 * half, max(cu[-1], 1) + draw(st.integers(0, 3), label="extra positions"), theta,
                               device=d.device)
         qo, ko = ops.rope(qv, kv, cos, sin, cu_seqlens=_cu(cu, d.device), backend=backend)
+    elif mode == "default":  # (batch, seq, heads, dim), positions 0..seq-1 in every row
+        b, n = draw(st.integers(1, 3), label="batch"), draw(st.integers(1, 17), label="seq")
+        q, k, qv, kv, half = _rope_inputs(d, dtype, (b, n))
+        cos, sin = rope_cache(2 * half, n + draw(st.integers(0, 3), label="extra positions"), theta, device=d.device)
+        qo, ko = ops.rope(qv, kv, cos, sin, backend=backend)
+        pos = torch.arange(n, device=d.device).repeat(b)
     else:
         lead = (draw(st.integers(1, 40), label="tokens"),) if mode.startswith("packed") else \
             (draw(st.integers(1, 3), label="batch"), draw(st.integers(1, 17), label="seq"))
