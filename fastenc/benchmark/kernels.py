@@ -416,7 +416,8 @@ def _liger(case: Case, others, skipped, env) -> None:
 
 
 def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, quick: bool = False,
-             compile_ref: bool = True, providers: set[str] | None = None, warmup: int = 2) -> list[dict]:
+             compile_ref: bool = True, providers: set[str] | None = None, warmup: int = 2,
+             repeats: int | None = None, min_time_s: float | None = None) -> list[dict]:
     """Time every provider of `case` interleaved; return one row per provider.
 
     Baselines and peers that are absent or refuse the inputs carry `skipped` (with the reason); a fastenc
@@ -443,8 +444,9 @@ def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, qui
     if ref_out is None:
         ref_out = st.output("fastenc-reference", st.fastenc["reference"]()).detach().float() if "reference" in st.fastenc else None
     refs = st.reference_outputs(dtype)
-    samples = timing.interleaved(good, device, warmup=warmup, repeats=5 if quick else 10,
-                                 min_time_s=0.3 if quick else 1.0, max_repeats=50 if quick else 200, flush_l2=True)
+    samples = timing.interleaved(good, device, warmup=warmup, repeats=repeats or (5 if quick else 10),
+                                 min_time_s=(0.3 if quick else 1.0) if min_time_s is None else min_time_s,
+                                 max_repeats=50 if quick else 200, flush_l2=True)
     bw = ceilings.get("copy_bandwidth", {}).get("value", float("nan"))
     gemm = ceilings.get("gemm_rate", {}).get("value", float("nan"))
     base = {"op": case.op, "shape": case.shape, "source": case.source, "tokens": case.tokens,
