@@ -145,7 +145,15 @@ def step(out: Path, name: str, rc: int, seconds: float, limit: float, optional: 
         t = junit(Path(junit_path))
         res.setdefault("tests", {})[name] = t
         if t is None:
-            rec["note"] = "no junit report written"
+            prog = (res.get("progress") or {}).get(name)
+            rec["note"] = "no junit report written" + (
+                f"; before it stopped: {prog['passed']} passed, {prog['failed']} failed, last {prog['last']}"
+                if prog else "")
+            if prog:  # the per-test record of the progress plugin stands in for the report
+                res.setdefault("tests", {})[name] = {
+                    "tests": prog["passed"] + prog["failed"] + prog["skipped"], "failures": prog["failed"],
+                    "errors": 0, "skipped": prog["skipped"], "passed": prog["passed"],
+                    "failed_tests": prog["failed_tests"], "from": "progress (no junit report)"}
             if rc == 0:
                 rec["status"] = "failed"
         elif rc == 5:

@@ -129,14 +129,22 @@ run_step() {
     "${opt[@]}" "${jopt[@]}"
 }
 
-PYTEST=("$PY" -m pytest -q -rfE -p no:cacheprovider)
+# op_tests STEP BACKENDS EXPR: sets OPCMD, the op tests of BACKENDS (-k EXPR) in a pytest process of their own;
+# each outcome goes into the JSON as it happens (bench/plugins/gpu_check_progress.py), the junit report at the end
+# (or, cut at the limit, on SIGINT).
+op_tests() {
+  OPCMD=(env FASTENC_TEST_BACKENDS="$2" GPU_CHECK_OUT="$OUT" GPU_CHECK_STEP="$1"
+         PYTHONPATH="$PWD/bench/plugins:$PYTHONPATH" "$PY" -m pytest -q -rfE -p no:cacheprovider -p gpu_check_progress
+         "${OPS[@]}" -k "$3" --junitxml="$OUT/$1.xml")
+}
+
 run_step build "$L_BUILD" 0 "" "$PY" "$GC" build --out "$OUT" $DRYFLAG
-run_step ops_cuda "$L_CUDA" 0 "$OUT/ops_cuda.xml" env FASTENC_TEST_BACKENDS="$CUDA_BE" \
-  "${PYTEST[@]}" "${OPS[@]}" -k "$K_CUDA" --junitxml="$OUT/ops_cuda.xml"
-run_step ops_triton "$L_TRITON" 0 "$OUT/ops_triton.xml" env FASTENC_TEST_BACKENDS="$TRITON_BE" \
-  "${PYTEST[@]}" "${OPS[@]}" -k "$K_TRITON" --junitxml="$OUT/ops_triton.xml"
-run_step ops_rest "$L_REST" 0 "$OUT/ops_rest.xml" env FASTENC_TEST_BACKENDS="$REST_BE" \
-  "${PYTEST[@]}" "${OPS[@]}" -k "$K_REST" --junitxml="$OUT/ops_rest.xml"
+op_tests ops_cuda "$CUDA_BE" "$K_CUDA"
+run_step ops_cuda "$L_CUDA" 0 "$OUT/ops_cuda.xml" "${OPCMD[@]}"
+op_tests ops_triton "$TRITON_BE" "$K_TRITON"
+run_step ops_triton "$L_TRITON" 0 "$OUT/ops_triton.xml" "${OPCMD[@]}"
+op_tests ops_rest "$REST_BE" "$K_REST"
+run_step ops_rest "$L_REST" 0 "$OUT/ops_rest.xml" "${OPCMD[@]}"
 run_step measure "$L_MEASURE" 0 "" "$PY" "$GC" measure --out "$OUT" $DRYFLAG
 run_step bench_kernels "$L_BENCH_K" 1 "" "$PY" -m fastenc bench kernels --quick --device "$DEVICE" --no-compile \
   --no-plots --out "$OUT/bench_kernels" "${BENCH_K[@]}"

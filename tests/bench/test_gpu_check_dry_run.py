@@ -48,6 +48,8 @@ def test_dry_run_walks_every_step_and_writes_a_complete_json(tmp_path):
         t = data["tests"][name]
         assert t["tests"] > 0 and t["passed"] == t["tests"] and not t["failed_tests"], (name, t)
         assert (out / f"{name}.xml").exists() and (out / f"{name}.log").exists()
+        prog = data["progress"][name]  # written test by test, as they ran
+        assert prog["finished"] and prog["passed"] == t["passed"] and prog["failed"] == 0, (name, prog)
     m = data["measure"]
     assert m["done"] and m["device"] == "cpu" and not m["failures"] and not m["not_run"]
     assert m["ceilings"]["fp32"]["copy_bandwidth"]["value"] > 0
@@ -121,8 +123,15 @@ def test_step_records_timeouts_and_partial_junit(tmp_path):
                    '<testcase classname="t" name="c"><skipped/></testcase></testsuite></testsuites>')
     gc.step(tmp_path, "ops_cuda", 124, 90, 90, False, str(xml))
     gc.step(tmp_path, "ops_triton", 0, 5, 90, False, str(tmp_path / "absent.xml"))
+    res = gc.load(tmp_path)  # a process that died mid-run: only the progress plugin's record remains
+    res["progress"] = {"ops_rest": {"passed": 7, "failed": 1, "skipped": 0, "failed_tests": ["t::x (call)"],
+                                    "last": "t::y", "finished": False}}
+    gc.save(tmp_path, res)
+    gc.step(tmp_path, "ops_rest", -11, 30, 90, False, str(tmp_path / "absent.xml"))
     data = json.loads((tmp_path / "gpu_check.json").read_text())
-    cuda, triton = data["steps"]
+    cuda, triton, rest = data["steps"]
     assert cuda["status"] == "timed_out" and data["tests"]["ops_cuda"]["passed"] == 1
     assert data["tests"]["ops_cuda"]["failed_tests"] == ["t::b"]
     assert triton["status"] == "failed" and "no junit" in triton["note"]  # rc 0 without a report is no pass
+    assert rest["status"] == "failed" and "last t::y" in rest["note"]
+    assert data["tests"]["ops_rest"]["failures"] == 1 and data["tests"]["ops_rest"]["passed"] == 7
