@@ -259,6 +259,9 @@ def _brief(r: dict) -> str:
 
 # ---------------------------------------------------------------- summary
 REQUIRED = ("build", "ops_cuda", "ops_triton", "ops_rest", "measure")
+# Status: failed (a required step failed, an op test failed, a measured row errored or broke the tolerance rule),
+# else incomplete (a required step cut at its limit, skipped for time or never run; cases not measured for time),
+# else passed. Optional steps (the benchmarks) never change it.
 
 
 def summarize(out: Path) -> int:
@@ -267,23 +270,27 @@ def summarize(out: Path) -> int:
         print(f"gpu_check: aborted: {res.get('reason')}")
         return 2
     steps = {s["step"]: s for s in res["steps"]}
-    failed = [s["step"] for s in res["steps"] if not s.get("optional") and s["status"] in ("failed", "timed_out")]
+    required = [s for s in res["steps"] if not s.get("optional")]
+    failed = [s["step"] for s in required if s["status"] == "failed"]
+    cut = [s["step"] for s in required if s["status"] == "timed_out"]  # what ran is judged; the rest is missing
     missing = [n for n in REQUIRED if n not in steps]
-    skipped = [s["step"] for s in res["steps"] if not s.get("optional") and s["status"] == "skipped"]
+    skipped = [s["step"] for s in required if s["status"] == "skipped"]
     meas = res.get("measure") or {}
     bad_rows = meas.get("failures", [])
     tests_failed = sum((t or {}).get("failures", 0) + (t or {}).get("errors", 0)
                        for t in (res.get("tests") or {}).values() if isinstance(t, dict))
     if failed or bad_rows or tests_failed:
         status, rc = "failed", 1
-    elif skipped or missing or meas.get("not_run"):
+    elif skipped or cut or missing or meas.get("not_run"):
         status, rc = "incomplete", 3
     else:
         status, rc = "passed", 0
-    res.update(status=status, finished=_now(), failed_steps=failed, skipped_steps=skipped, missing_steps=missing,
+    res.update(status=status, finished=_now(), failed_steps=failed, cut_steps=cut, skipped_steps=skipped,
+               missing_steps=missing,
                reason="; ".join(filter(None, [f"failed steps: {failed}" if failed else "",
                                               f"{len(bad_rows)} measured row(s) failed" if bad_rows else "",
                                               f"{tests_failed} op test(s) failed" if tests_failed else "",
+                                              f"cut at their time limit: {cut}" if cut else "",
                                               f"skipped for time: {skipped}" if skipped else "",
                                               f"never ran: {missing}" if missing else "",
                                               f"{len(meas['not_run'])} measured case(s) not run for time"

@@ -12,7 +12,7 @@
 # Results: OUT/gpu_check.json, rewritten after every step and every measured case (and on the early exits, with
 # the reason), the logs OUT/<step>.log, junit reports OUT/ops_*.xml. Exit code: 0 passed, 1 failed (a step, an
 # op test, a measured row with an error or out of tolerance), 2 aborted (no GPU, torch without CUDA, install
-# failed), 3 incomplete (a required step skipped or cut for time: never reported as passed).
+# failed), 3 incomplete (a required step cut at its limit or skipped for time: never reported as passed).
 #
 #   bench/gpu_check.sh [--dry-run] OUT_DIR
 #
@@ -59,12 +59,14 @@ else
   DRYFLAG=
   OPS=(tests/ops)  # every op test file: backward tests (tests/ops/*backward*.py) included as they appear
   CUDA_BE=cuda;   K_CUDA="cuda"
-  TRITON_BE=triton; K_TRITON="triton"
+  TRITON_BE=triton
   REST_BE=reference,cpu; K_REST="not cuda and not triton"
+  # the sm_80/sm_90 compile check of the Triton kernels needs no GPU: CPU CI runs it, the budget here goes to the GPU
+  K_TRITON="triton and not compiles_for_sm90"
   DEVICE=cuda
   BENCH_K=()
   BENCH_M=(--models bert-base --providers fastenc,hf-sdpa)
-  L_BUILD=180 L_CUDA=90 L_TRITON=120 L_REST=60 L_MEASURE=100 L_BENCH_K=60 L_BENCH_M=45
+  L_BUILD=180 L_CUDA=90 L_TRITON=170 L_REST=50 L_MEASURE=100 L_BENCH_K=60 L_BENCH_M=45
 fi
 
 # abort REASON: an early exit, recorded in the JSON (by hand if Python itself cannot run).

@@ -96,7 +96,8 @@ def _results(gc, out, steps, rows=(), not_run=()):
     ([(n, "passed") for n in STEPS], [], [], 0, "passed"),
     ([(n, "passed") for n in STEPS[:-1]] + [("bench_models", "timed_out")], [], [], 0, "passed"),  # optional
     ([(n, "passed") for n in STEPS[:4]] + [("measure", "skipped")], [], [], 3, "incomplete"),
-    ([(n, "passed") for n in STEPS[:3]] + [("ops_rest", "timed_out"), ("measure", "passed")], [], [], 1, "failed"),
+    ([(n, "passed") for n in STEPS[:3]] + [("ops_rest", "timed_out"), ("measure", "passed")], [], [], 3, "incomplete"),
+    ([(n, "passed") for n in STEPS[:3]] + [("ops_rest", "failed"), ("measure", "passed")], [], [], 1, "failed"),
     ([(n, "passed") for n in STEPS[:3]], [], [], 3, "incomplete"),  # never ran
     ([(n, "passed") for n in STEPS], [], ["gelu fp32: skipped, budget spent"], 3, "incomplete"),
     ([(n, "passed") for n in STEPS], [{"op": "gelu", "shape": "s", "provider": "fastenc-cuda", "error": "boom"}],
@@ -104,7 +105,7 @@ def _results(gc, out, steps, rows=(), not_run=()):
     ([(n, "passed") for n in STEPS], [{"op": "gelu", "shape": "s", "provider": "fastenc-cuda", "median_ms": 1.0,
                                        "within_tolerance": False, "max_abs_err_vs_ref32": 1.0, "tolerance": 0.1}],
      [], 1, "failed"),
-], ids=["passed", "optional-cut", "skipped-for-time", "cut", "missing", "cases-not-run", "row-error",
+], ids=["passed", "optional-cut", "skipped-for-time", "cut", "step-failed", "missing", "cases-not-run", "row-error",
         "row-out-of-tolerance"])
 def test_summary_exit_codes(tmp_path, capsys, steps, rows, not_run, rc, status):
     gc = _gc()
