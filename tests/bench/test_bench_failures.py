@@ -70,3 +70,37 @@ def test_declared_limits_and_device_rules_are_skips():
     assert "not cpu" in skipped["fastenc-cuda"]  # registry.runs_on's words
     assert "fastenc-triton" in skipped  # a test path under the interpreter (or no interpreter): never timed
     assert not [r for r in rows if "error" in r]
+
+
+def test_cli_exits_nonzero_when_fastenc_fails(monkeypatch, tmp_path):
+    import json
+
+    from fastenc import cli
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kernel launch failed")
+
+    _replace(monkeypatch, "cpu", fn=boom)
+    rc = cli.main(["bench", "kernels", "--quick", "--device", "cpu", "--ops", "gelu", "--providers",
+                   "reference,cpu,torch-eager", "--no-compile", "--no-plots", "--out", str(tmp_path)])
+    assert rc == 1
+    data = json.loads((tmp_path / "kernels.json").read_text())
+    assert any("fastenc-cpu" in f and "kernel launch failed" in f for f in data["failures"])
+
+
+def test_model_benchmark_fastenc_failure_is_recorded_or_raised(monkeypatch, tmp_path):
+    import pytest
+
+    from fastenc.benchmark import models
+
+    def broken(hf_model):
+        raise RuntimeError("cannot convert this model")
+
+    monkeypatch.setattr(models, "fastenc_model", broken)
+    spec = models.MODELS["bert-base"]
+    failed: dict = {}
+    fns, skipped = models.build_providers(spec, torch.nn.Linear(2, 2), "cpu", torch.float32, ["fastenc"], 1,
+                                          tmp_path, print, failed)
+    assert not fns and "fastenc" not in skipped and "cannot convert" in failed["fastenc"]
+    with pytest.raises(RuntimeError, match="fastenc: RuntimeError: cannot convert"):
+        models.build_providers(spec, torch.nn.Linear(2, 2), "cpu", torch.float32, ["fastenc"], 1, tmp_path, print)
