@@ -94,13 +94,13 @@ def selected_backends() -> tuple[str, ...] | None:
     return registry._parse_backends(value, TEST_BACKENDS_ENV) if value else None
 
 
-def backends_for(op: str) -> list[str]:
+def backends_for(op: str, device: str | None = None) -> list[str]:
     """Backends of `op` whose tests run in this process: those FASTENC_TEST_BACKENDS selects (default all) that
-    can run on their test device here (registry.runs_on: cuda with a GPU; triton on a GPU, or on CPU tensors
-    under the interpreter; cpu and reference always)."""
+    can run on their test device here, device_for(backend) unless `device` is given (registry.runs_on: cuda with
+    a GPU; triton on a GPU, or on CPU tensors under the interpreter; cpu and reference always)."""
     wanted = selected_backends()
     out = [name for name, impl in registry.impls(op).items()
-           if (wanted is None or name in wanted) and registry.runs_on(impl, device_for(name)) is None]
+           if (wanted is None or name in wanted) and registry.runs_on(impl, device or device_for(name)) is None]
     return sorted(out, key=registry.BACKENDS.index)
 
 
