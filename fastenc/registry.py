@@ -269,12 +269,37 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_NEEDS_INTERPRETER = "CPU tensors need TRITON_INTERPRET=1 (set before triton is imported)"
+
+
 def triton_check(inputs: Mapping[str, Any]) -> list[str]:
     """Shared check for Triton implementations: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1."""
     t = _primary_tensor(inputs)
     if t is not None and t.device.type == "cpu" and not interpreter_on():
-        return ["CPU tensors need TRITON_INTERPRET=1 (set before triton is imported)"]
+        return [_NEEDS_INTERPRETER]
     return []
+
+
+def runs_on(impl: Impl, device: str | torch.device, *, for_speed: bool = False) -> str | None:
+    """Why `impl` cannot run on `device` in this process (None: it can). The one statement of the device rules
+    that tests, benchmarks and the GPU check ask instead of restating them:
+      - the implementation's declared devices;
+      - a CUDA device only when torch sees one;
+      - Triton on CPU tensors only under the interpreter (TRITON_INTERPRET=1);
+      - for_speed: only devices automatic selection picks it on (`auto_devices`): Triton under the CPU
+        interpreter is a test path, never a speed path, so benchmarks do not time it.
+    """
+    dev = torch.device(device).type
+    if dev not in impl.devices:
+        return f"runs on {list(impl.devices)}, not {dev}"
+    if dev == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device visible to torch"
+    if impl.backend == "triton" and dev == "cpu" and not interpreter_on():
+        return _NEEDS_INTERPRETER
+    if for_speed and impl.auto_devices is not None and dev not in impl.auto_devices:
+        return (f"not chosen automatically on {dev}: a test path (CPU tensors run under the Triton interpreter), "
+                f"not a speed path")
+    return None
 
 
 def info_table() -> list[tuple[str, str, str]]:

@@ -137,33 +137,103 @@ def interpreter_extra(backend: str, dtype: torch.dtype, ref32: torch.Tensor) -> 
     return 0.0
 
 
-def backends_for(op: str, device: str = "cpu") -> list[str]:
-    """Backends of `op` that should run in this environment's tests (CPU-only CI: triton runs under
-    the interpreter, cpu runs if a compiler exists, cuda only with a GPU)."""
-    out = []
-    for name, impl in registry.impls(op).items():
-        if name == "cuda" and not torch.cuda.is_available():
-            continue
-        if name == "triton" and device == "cpu" and not registry.interpreter_on():
-            continue
-        out.append(name)
+TEST_BACKENDS_ENV = "FASTENC_TEST_BACKENDS"
+
+
+def selected_backends() -> tuple[str, ...] | None:
+    """Backends named by FASTENC_TEST_BACKENDS (comma-separated; unset or empty: all). The GPU check runs the
+    cuda and triton cases in separate processes with it, so a device fault in one cannot poison the other."""
+    import os
+
+    value = os.environ.get(TEST_BACKENDS_ENV, "").strip()
+    return registry._parse_backends(value, TEST_BACKENDS_ENV) if value else None
+
+
+def backends_for(op: str, device: str | None = None) -> list[str]:
+    """Backends of `op` whose tests run in this process: those FASTENC_TEST_BACKENDS selects (default all) that
+    can run on their test device here, device_for(backend) unless `device` is given (registry.runs_on: cuda with
+    a GPU; triton on a GPU, or on CPU tensors under the interpreter; cpu and reference always)."""
+    wanted = selected_backends()
+    out = [name for name, impl in registry.impls(op).items()
+           if (wanted is None or name in wanted) and registry.runs_on(impl, device or device_for(name)) is None]
     return sorted(out, key=registry.BACKENDS.index)
 
 
 def device_for(backend: str) -> str:
-    if backend == "cuda":
-        return "cuda"
-    if backend == "triton":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    """The device a backend's tests put their tensors on: a GPU when there is one (cpu backend: CPU)."""
     if backend == "cpu":
         return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if backend == "cuda" or torch.cuda.is_available() else "cpu"
 
 
-def out_cases(backends: Iterable[str]) -> list:
-    """pytest params (backend, dtype, inplace) for an op's out= tests: every backend x dtype, into a separate
-    tensor and in place."""
+# ---- test cases derived from each backend's declared capabilities ----
+
+_FAKE_MODE: list = []
+
+
+def fake(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
+    """A tensor with shape, dtype and device but no data (a FakeTensor, so 'cuda' works without a GPU): what a
+    test case will pass, described for the registry's checks at collection time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not _FAKE_MODE:
+        _FAKE_MODE.append(FakeTensorMode(allow_non_fake_inputs=True))
+    with _FAKE_MODE[0]:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+
+def cannot_serve(op: str, backend: str, inputs: dict[str, Any]) -> list[str]:
+    """Why `backend`'s implementation of `op` cannot serve `inputs` by its declared capabilities (devices, dtypes,
+    the op's own checks); whether the backend is available in this process is not asked (backends_for does)."""
+    import dataclasses
+
+    impl = registry.impl(op, backend)
+    return dataclasses.replace(impl, available=None).not_supported_reasons(inputs)
+
+
+# Every case list built by `cases`, as (op, param, inputs): lets a test re-check the derivation.
+DERIVED: list[tuple[str, Any, dict[str, Any]]] = []
+
+
+def cases(op: str, combos: Iterable[Sequence[Any]], inputs: Callable[..., dict[str, Any]],
+          ids: Callable[..., str]) -> list:
+    """pytest params for `combos` (tuples whose first item is the backend), keeping the ones the backend can
+    serve: `inputs(*combo)` describes the case's call for the registry (`fake` tensors on the backend's test
+    device, keys as the op passes them to registry.select); `ids(*combo)` names the case."""
     import pytest
 
-    return [pytest.param(be, dt, inplace, id=f"{be}-{dtype_id(dt)}-{'inplace' if inplace else 'out'}")
-            for be in backends for dt in DTYPES for inplace in (True, False)]
+    out = []
+    for combo in combos:
+        combo = tuple(combo)
+        case_inputs = inputs(*combo)
+        if cannot_serve(op, combo[0], case_inputs):
+            continue
+        p = pytest.param(*combo, id=ids(*combo))
+        DERIVED.append((op, p, case_inputs))
+        out.append(p)
+    return out
+
+
+def dtype_cases(op: str, dtypes: Iterable[torch.dtype] | Callable[[str], Iterable[torch.dtype]],
+                inputs: Callable[[str, torch.dtype], dict[str, Any]]) -> list:
+    """`cases` over backends_for(op) x dtypes (a list, or backend -> list), ids like 'cuda-bf16'."""
+    per = dtypes if callable(dtypes) else (lambda b, d=tuple(dtypes): d)
+    return cases(op, ((b, dt) for b in backends_for(op) for dt in per(b)), inputs,
+                 ids=lambda b, dt: f"{b}-{dtype_id(dt)}")
+
+
+def backend_cases(op: str, inputs: Callable[[str], dict[str, Any]]) -> list:
+    """`cases` for a test parametrized by backend alone: backends_for(op) that can serve `inputs(backend)`."""
+    return cases(op, ((b,) for b in backends_for(op)), inputs, ids=lambda b: b)
+
+
+def out_cases(backends: Iterable[str], op: str | None = None) -> list:
+    """pytest params (backend, dtype, inplace) for an op's out= tests: every backend x dtype, into a separate
+    tensor and in place; with `op`, only the (backend, dtype) pairs the backend can serve (x: (rows, hidden))."""
+    combos = [(be, dt, inplace) for be in backends for dt in DTYPES for inplace in (True, False)]
+    ids = lambda be, dt, inplace: f"{be}-{dtype_id(dt)}-{'inplace' if inplace else 'out'}"  # noqa: E731
+    if op is not None:
+        return cases(op, combos, lambda be, dt, _: {"x": fake(7, 1000, dtype=dt, device=device_for(be))}, ids)
+    import pytest
+
+    return [pytest.param(*c, id=ids(*c)) for c in combos]

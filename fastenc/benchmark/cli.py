@@ -70,6 +70,9 @@ def run(args) -> int:
         print(f"fastenc bench: {e}", file=sys.stderr)
         return 2
     print(f"\nwrote {', '.join(str(p) for p in res['files'])} in {time.perf_counter() - t0:.0f} s")
+    if res.get("failures"):
+        print(f"fastenc bench: {len(res['failures'])} fastenc provider(s) failed (see above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fastenc
-from fastenc import registry, reference
+from fastenc import registry, reference, testing
 from fastenc.benchmark import timing
 
 HEADS, HEAD_DIM, HIDDEN = 12, 64, 768
@@ -96,6 +96,12 @@ def cases(quick: bool = False, sweep: bool | None = None) -> list[Case]:
                 Case("rope", f"long 1x{seq} h12 d64", "sweep", one, {"heads": HEADS, "d": HEAD_DIM}),
                 Case("attention", f"long 1x{seq} h12 d64", "sweep", one, {"heads": HEADS, "d": HEAD_DIM, "window": None})]
     return out
+
+
+def tiny(case: Case) -> Case:
+    """`case` at a few dozen tokens (at most two sequences of <= 16 tokens): the same code path in seconds on a
+    CPU, for dry runs of the GPU check."""
+    return Case(case.op, case.shape + " (tiny)", case.source, [min(L, 16) for L in case.lengths[:2]], dict(case.dims))
 
 
 # ---- bytes / FLOPs models: what an ideal kernel must move and compute ----
@@ -198,6 +204,19 @@ class Setup:
     others: dict[str, Callable[[], object]]
     skipped: dict[str, str]
     canon: dict[str, Callable[[object], torch.Tensor]] = field(default_factory=dict)
+    reference: tuple | None = None   # (reference fn, *args): the oracle of the tolerance rule
+    failed: dict[str, str] = field(default_factory=dict)  # fastenc providers that cannot run here though declared
+
+    def reference_outputs(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(ref32, ref_lowp) in the fastenc layout: the reference on fp32 copies of the inputs, and (for fp16/bf16)
+        the reference computed in the inputs' own precision (testing.tolerance's two terms)."""
+        if self.reference is None:
+            return None
+        fn, *args = self.reference
+        up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        ref32 = self.output("torch-compile", fn(*up)).detach().float()
+        lowp = None if dtype == torch.float32 else self.output("torch-compile", fn(*args, upcast=False)).detach()
+        return ref32, lowp
 
     def output(self, name: str, out) -> torch.Tensor:
         """A provider's output in the fastenc layout (first output; packed tokens for attention)."""
@@ -227,6 +246,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         b = _rand(h, device=dev, dtype=dtype, gen=g) if d["bias"] else None
         r = _rand(T, h, device=dev, dtype=dtype, gen=g) if d["residual"] else None
         call = lambda be: (lambda: ops.layer_norm(x, w, b, 1e-5, residual=r, backend=be))  # noqa: E731
+        sel = {"x": x, "weight": w, "bias": b, "residual": r}
         if r is None:
             others["torch-eager"] = lambda: F.layer_norm(x, (h,), w, b, 1e-5)
         else:
@@ -237,6 +257,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         x, w = _rand(T, h, device=dev, dtype=dtype, gen=g), _rand(h, device=dev, dtype=dtype, gen=g)
         r = _rand(T, h, device=dev, dtype=dtype, gen=g) if d["residual"] else None
         call = lambda be: (lambda: ops.rms_norm(x, w, 1e-6, residual=r, backend=be))  # noqa: E731
+        sel = {"x": x, "weight": w, "residual": r}
         if r is None:
             others["torch-eager"] = lambda: F.rms_norm(x, (h,), w, 1e-6)
         else:
@@ -247,12 +268,14 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         x = _rand(T, n, device=dev, dtype=dtype, gen=g)
         b = _rand(n, device=dev, dtype=dtype, gen=g) if d["bias"] else None
         call = lambda be: (lambda: ops.gelu(x, b, backend=be))  # noqa: E731
+        sel = {"x": x, "bias": b}
         others["torch-eager"] = (lambda: F.gelu(x + b)) if b is not None else (lambda: F.gelu(x))
         ref = (reference.gelu_ref, x, b)
     elif case.op == "geglu":
         n = d["n"]
         x = _rand(T, 2 * n, device=dev, dtype=dtype, gen=g)
         call = lambda be: (lambda: ops.geglu(x, backend=be))  # noqa: E731
+        sel = {"x": x}
 
         def eager():
             a, gate = x.chunk(2, dim=-1)
@@ -267,6 +290,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         cu = _cu(case.lengths, dev)
         pos = torch.cat([torch.arange(L, device=dev, dtype=torch.int32) for L in case.lengths])
         call = lambda be: (lambda: ops.rope(q, k, cos, sin, cu_seqlens=cu, backend=be))  # noqa: E731
+        sel = {"q": q, "k": k, "cos": cos, "sin": sin, "positions": pos}
         cos_t, sin_t = torch.cat([cos, cos], -1).to(dtype)[pos.long()][:, None], torch.cat([sin, sin], -1).to(dtype)[pos.long()][:, None]
 
         def eager():  # transformers' apply_rotary_pos_emb (rotate_half) in the input dtype
@@ -283,6 +307,8 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         window = None if win is None else (win, win)
         call = lambda be: (lambda: ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=longest, window=window,  # noqa: E731
                                                  backend=be))
+        sel = {"q": q, "k": k, "v": v, "cu_seqlens": cu, "max_seqlen": longest,
+               "window": (-1, -1) if win is None else (win, win), "scale": hd ** -0.5}
         qp, kp, vp = (_pad(t, case.lengths).transpose(1, 2).contiguous() for t in (q, k, v))  # (b, h, s, d)
         mask = _band_mask(case.lengths, win, dev)
         others["torch-sdpa"] = lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
@@ -300,6 +326,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         w = _rand(o, i, device=dev, dtype=dtype, gen=g)
         a, bb = _rand(r, i, device=dev, dtype=dtype, gen=g), _rand(o, r, device=dev, dtype=dtype, gen=g)
         call = lambda be: (lambda: ops.merge_lora(w, a, bb, 2.0, backend=be))  # noqa: E731
+        sel = {"weight": w, "lora_a": a, "lora_b": bb}
         others["torch-eager"] = lambda: torch.addmm(w, bb, a, alpha=2.0)
         ref = (reference.merge_lora_ref, w, a, bb, 2.0) if hasattr(reference, "merge_lora_ref") else None
     elif case.op == "lora_linear":
@@ -309,20 +336,23 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         a = _rand(r, i, device=dev, dtype=dtype, gen=g, scale=i ** -0.5)
         bb = _rand(o, r, device=dev, dtype=dtype, gen=g, scale=r ** -0.5)
         call = lambda be: (lambda: ops.lora_linear(x, w, bias, a, bb, 2.0, backend=be))  # noqa: E731
+        sel = {"x": x, "weight": w, "bias": bias, "lora_a": a, "lora_b": bb}
         others["torch-eager"] = lambda: F.linear(x, w, bias) + 2.0 * F.linear(F.linear(x, a), bb)  # PEFT's unmerged form
         ref = (reference.lora_linear_ref, x, w, bias, a, bb, 2.0) if hasattr(reference, "lora_linear_ref") else None
     else:
         raise ValueError(f"setup: unknown op {case.op!r}")
 
+    failed: dict[str, str] = {}
     for name, impl in registry.impls(case.op).items():
-        if name == "triton" and dev.type == "cpu":
-            skipped[f"fastenc-{name}"] = "triton runs on CPU only under the interpreter (a test path, not a speed path)"
+        # Declared limits (device, dtype, the op's own checks) skip a backend, said so; a backend that should
+        # serve these inputs but is unavailable (its extension did not build) is a failure of fastenc.
+        why = registry.runs_on(impl, dev, for_speed=True) or "; ".join(testing.cannot_serve(case.op, name, sel))
+        if why:
+            skipped[f"fastenc-{name}"] = why
             continue
-        if dev.type not in impl.devices:
-            skipped[f"fastenc-{name}"] = f"runs on {list(impl.devices)}, not {dev.type}"
-            continue
-        if dtype not in impl.dtypes:
-            skipped[f"fastenc-{name}"] = f"dtype {str(dtype).replace('torch.', '')} not supported"
+        unavailable = impl.unavailable_reason()
+        if unavailable:
+            failed[f"fastenc-{name}"] = f"unavailable: {unavailable}"
             continue
         fx[name] = call(name)
     if compile_ref and ref is not None:
@@ -331,7 +361,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         skipped["torch-compile"] = "no reference function to compile"
     if dev.type == "cuda":
         _liger(case, others, skipped, locals())
-    return Setup(fx, others, skipped, canon)
+    return Setup(fx, others, skipped, canon, reference=ref, failed=failed)
 
 
 def _sdpa_backends(others, skipped, qp, kp, vp, mask):
@@ -386,8 +416,13 @@ def _liger(case: Case, others, skipped, env) -> None:
 
 
 def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, quick: bool = False,
-             compile_ref: bool = True, providers: set[str] | None = None, warmup: int = 2) -> list[dict]:
-    """Time every provider of `case` interleaved; return one row per provider (skipped ones carry `skipped`)."""
+             compile_ref: bool = True, providers: set[str] | None = None, warmup: int = 2,
+             repeats: int | None = None, min_time_s: float | None = None) -> list[dict]:
+    """Time every provider of `case` interleaved; return one row per provider.
+
+    Baselines and peers that are absent or refuse the inputs carry `skipped` (with the reason); a fastenc
+    provider that fails carries `error`, and each timed fastenc row carries `within_tolerance` (the tolerance
+    rule of fastenc.testing against the reference): `failures(rows)` lists both kinds."""
     st = setup(case, device, dtype, compile_ref=compile_ref)
     fns = {f"fastenc-{k}": v for k, v in st.fastenc.items()}
     fns.update(st.others)
@@ -403,12 +438,15 @@ def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, qui
             timing.sync(device)
             good[name] = fn
         except Exception as e:
-            st.skipped[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            why = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            (st.failed if name.startswith("fastenc-") else st.skipped)[name] = why
     ref_out = outs.get("fastenc-reference")
     if ref_out is None:
         ref_out = st.output("fastenc-reference", st.fastenc["reference"]()).detach().float() if "reference" in st.fastenc else None
-    samples = timing.interleaved(good, device, warmup=warmup, repeats=5 if quick else 10,
-                                 min_time_s=0.3 if quick else 1.0, max_repeats=50 if quick else 200, flush_l2=True)
+    refs = st.reference_outputs(dtype)
+    samples = timing.interleaved(good, device, warmup=warmup, repeats=repeats or (5 if quick else 10),
+                                 min_time_s=(0.3 if quick else 1.0) if min_time_s is None else min_time_s,
+                                 max_repeats=50 if quick else 200, flush_l2=True)
     bw = ceilings.get("copy_bandwidth", {}).get("value", float("nan"))
     gemm = ceilings.get("gemm_rate", {}).get("value", float("nan"))
     base = {"op": case.op, "shape": case.shape, "source": case.source, "tokens": case.tokens,
@@ -425,22 +463,44 @@ def run_case(case: Case, device: str, dtype: torch.dtype, ceilings: dict, *, qui
         o = outs.get(name)
         if ref_out is not None and o is not None and o.shape == ref_out.shape:
             row["max_abs_err_vs_reference"] = float((o - ref_out).abs().max())
+        if name.startswith("fastenc-") and refs is not None and o is not None:
+            row.update(_tolerance_check(o, refs, dtype))
         for b in ("torch-eager", "torch-sdpa", "torch-compile"):
             if b in medians:
                 row[f"speedup_vs_{b.replace('torch-', '')}"] = medians[b] / stats.median_ms
         rows.append(row)
-    for name, why in st.skipped.items():
-        if providers and name not in providers and name.replace("fastenc-", "") not in providers:
-            continue
-        rows.append(dict(base, provider=name, skipped=why))
+    for kind, reasons in (("error", st.failed), ("skipped", st.skipped)):
+        for name, why in reasons.items():
+            if providers and name not in providers and name.replace("fastenc-", "") not in providers:
+                continue
+            rows.append(dict(base, provider=name, **{kind: why}))
     return rows
+
+
+def _tolerance_check(out: torch.Tensor, refs: tuple, dtype: torch.dtype) -> dict:
+    """max error against the fp32 reference and the tolerance rule's bound (NaN never passes)."""
+    ref32, lowp = refs
+    if out.shape != ref32.shape:
+        return {"within_tolerance": False, "tolerance_note": f"shape {tuple(out.shape)} != {tuple(ref32.shape)}"}
+    err = float((out.double() - ref32.double()).abs().max()) if out.numel() else 0.0
+    tol = testing.tolerance(ref32.cpu(), None if lowp is None else lowp.cpu(), dtype)
+    finite = bool(torch.isfinite(out).all())
+    return {"max_abs_err_vs_ref32": err, "tolerance": tol, "within_tolerance": finite and err <= tol}
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """What makes a benchmark run fail: fastenc providers that errored or whose output broke the tolerance rule."""
+    out = [f"{r['op']} {r['shape']} {r['provider']}: {r['error']}" for r in rows if "error" in r]
+    out += [f"{r['op']} {r['shape']} {r['provider']}: max error {r.get('max_abs_err_vs_ref32', float('nan')):.3g} "
+            f"> tolerance {r.get('tolerance', float('nan')):.3g}" for r in rows if r.get("within_tolerance") is False]
+    return out
 
 
 def provider_names(op: str, device: str) -> list[str]:
     """Every provider a case of `op` can have on `device` (some may still be skipped at setup)."""
     dev = torch.device(device).type
     names = [f"fastenc-{b}" for b, impl in sorted(registry.impls(op).items(), key=lambda kv: registry.BACKENDS.index(kv[0]))
-             if dev in impl.devices and not (b == "triton" and dev == "cpu")]
+             if registry.runs_on(impl, dev, for_speed=True) is None]
     names += ["torch-sdpa"] if op == "attention" else ["torch-eager"]
     names.append("torch-compile")
     if dev == "cuda":
@@ -464,4 +524,4 @@ def select_cases(quick: bool, ops: list[str] | None = None, shapes: list[str] | 
     return out
 
 
-__all__ = ["Case", "cases", "select_cases", "setup", "run_case", "work", "bound", "varlen_lengths"]
+__all__ = ["Case", "cases", "select_cases", "setup", "run_case", "failures", "tiny", "work", "bound", "varlen_lengths"]

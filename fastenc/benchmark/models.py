@@ -237,9 +237,20 @@ def fastenc_model(hf_model):
     raise RuntimeError("fastenc.from_hf is not available in this build")
 
 
+OWN = ("fastenc",)  # fastenc's own providers: failing, they fail the benchmark (never a 'skipped' row)
+
+
+def _own_failed(name: str, why: str, failed: dict | None) -> None:
+    """Record a failure of fastenc's own provider in `failed`, or raise when the caller keeps no such record."""
+    if failed is None:
+        raise RuntimeError(f"{name}: {why}")
+    failed[name] = why
+
+
 def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, wanted: list[str], threads: int,
-                    workdir: Path, log: Callable[[str], None]) -> tuple[dict, dict]:
-    """(name -> fn(inputs), name -> reason skipped). hf_model is the fp32 sdpa model on CPU."""
+                    workdir: Path, log: Callable[[str], None], failed: dict | None = None) -> tuple[dict, dict]:
+    """(name -> fn(inputs), name -> reason skipped). hf_model is the fp32 sdpa model on CPU. A baseline that
+    cannot be built is skipped with its reason; fastenc's own provider failing goes to `failed` (raises without)."""
     fns: dict[str, Callable] = {}
     skipped: dict[str, str] = {}
     dev = torch.device(device)
@@ -269,7 +280,11 @@ def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, 
             else:
                 skipped[name] = f"unknown provider {name!r}"
         except Exception as e:
-            skipped[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            if name in OWN:
+                _own_failed(name, why, failed)
+            else:
+                skipped[name] = why
     return fns, skipped
 
 
@@ -278,7 +293,8 @@ def _call_wrap(c, spec, inputs):
         return c(*_args(spec, inputs))
 
 
-def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str) -> dict[str, float]:
+def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
+           failed: dict | None = None) -> dict[str, float]:
     """Max abs difference of every provider from transformers (the fp32 sdpa model on CPU) on a small batch with
     padding (real tokens only; on another device/dtype the difference includes that precision's error). ONNX Runtime above ORT_TOL is removed from timing: a wrong baseline is no baseline."""
     if spec.kind == "vision":
@@ -297,8 +313,12 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str) -> 
             diff = (out - ref).abs()
             err = float((diff[keep] if keep is not None else diff).max())
         except Exception as e:
-            skipped[name] = f"failed on the check batch: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            why = f"failed on the check batch: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             del fns[name]
+            if name in OWN:
+                _own_failed(name, why, failed)
+            else:
+                skipped[name] = why
             continue
         errs[name] = err
         if name == "onnxruntime" and not err < ORT_TOL:
@@ -310,15 +330,17 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str) -> 
 def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[str], *, quick: bool,
               threads: int, log: Callable[[str], None] = print, tick: Callable[[], None] | None = None,
               step: Callable[[str], None] = lambda msg: None) -> dict:
-    """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'skipped', 'errors'}."""
+    """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'skipped', 'errors', 'failed'}
+    ('failed': fastenc's own providers that could not be built or run, which fail the benchmark)."""
     step("build")
     hf = spec.build().eval()
     hf.set_attn_implementation("sdpa")
     vocab = getattr(hf.config, "vocab_size", 0)
     with tempfile.TemporaryDirectory(prefix="fastenc-bench-") as tmp:
-        fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log)
+        failed: dict[str, str] = {}
+        fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed)
         step("check outputs")
-        errors = verify(spec, hf, fns, skipped, device)
+        errors = verify(spec, hf, fns, skipped, device, failed)
         rows = _time_workloads(spec, fns, workloads(spec, vocab), device, quick, tick, step)
     del hf
     fns.clear()  # the next model starts without this one's models or cached fastenc buffers
@@ -326,7 +348,8 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
     extension.empty_cache()
     for r in rows:
         r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
-    return {"model": spec.name, "note": spec.note, "rows": rows, "skipped": skipped, "errors": errors}
+    return {"model": spec.name, "note": spec.note, "rows": rows, "skipped": skipped, "errors": errors,
+            "failed": failed}
 
 
 def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:

@@ -40,13 +40,20 @@ def bench_kernels(device: str, dtype: torch.dtype, *, quick: bool, out: Path, op
                                   providers=set(providers) if providers else None)
     bar.close()
     meta["elapsed_s"] = time.perf_counter() - t0
-    payload = {"suite": "kernels", **meta, "ceilings": ceil, "rows": rows}
+    failed = _kernels.failures(rows)
+    payload = {"suite": "kernels", **meta, "ceilings": ceil, "rows": rows, "failures": failed}
     out.mkdir(parents=True, exist_ok=True)
     files = [report.write_json(out / "kernels.json", payload), report.write_csv(out / "kernels.csv", rows)]
     if plots:
         files += _kernel_plots(out, rows, ceil, meta)
     print(kernel_table(rows))
-    return {"payload": payload, "files": [f for f in files if f]}
+    _print_failures(failed)
+    return {"payload": payload, "files": [f for f in files if f], "failures": failed}
+
+
+def _print_failures(failed: list[str]) -> None:
+    if failed:
+        print("\nFAILED (fastenc providers):\n" + "\n".join(f"  {f}" for f in failed))
 
 
 def kernel_table(rows: list[dict]) -> str:
@@ -155,13 +162,15 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     bar.close()
     rows = [r for res in results for r in res["rows"]]
     meta["elapsed_s"] = time.perf_counter() - t0
-    payload = {"suite": "models", **meta, "providers": wanted, "models": results, "rows": rows}
+    failed = [f"{res['model']} {p}: {why}" for res in results for p, why in res.get("failed", {}).items()]
+    payload = {"suite": "models", **meta, "providers": wanted, "models": results, "rows": rows, "failures": failed}
     out.mkdir(parents=True, exist_ok=True)
     files = [report.write_json(out / "models.json", payload), report.write_csv(out / "models.csv", rows)]
     if plots:
         files += _model_plots(out, rows, meta)
     print(model_table(results))
-    return {"payload": payload, "files": [f for f in files if f]}
+    _print_failures(failed)
+    return {"payload": payload, "files": [f for f in files if f], "failures": failed}
 
 
 def model_table(results: list[dict]) -> str:

@@ -23,9 +23,15 @@ def _dtypes(backend):
     return testing.DTYPES
 
 
+def _inputs(backend, dtype, head_dim=64):
+    """The call a case makes, described for the registry: packed q (tokens, heads, head_dim) on the test device."""
+    return {"q": testing.fake(17, 2, head_dim, dtype=dtype, device=testing.device_for(backend))}
+
+
 def _cases():
     """(backend, dtype, head_dim, seqlen): the compiled backends get the full grid; Triton under the
-    interpreter a smaller one (its time grows with tile steps); length 1000 on the reference and cpu only."""
+    interpreter a smaller one (its time grows with tile steps); cases a backend cannot serve (its dtypes, head
+    dims) are left out by the registry's answer."""
     out = []
     for b in BACKENDS:
         small = b == "triton" and INTERP
@@ -35,7 +41,8 @@ def _cases():
             out += [(b, dt, d, n) for d in dims for n in lens]
             out += [(b, dt, d, 17) for d in ((32, 128) if small else (8, 40, 256))]
             out += [(b, dt, 64, n) for n in ((128,) if small else (128, 1000))]
-    return [pytest.param(*c, id=f"{c[0]}-{testing.dtype_id(c[1])}-d{c[2]}-s{c[3]}") for c in out]
+    return testing.cases(OP, out, lambda b, dt, d, n: _inputs(b, dt, d),
+                         ids=lambda b, dt, d, n: f"{b}-{testing.dtype_id(dt)}-d{d}-s{n}")
 
 
 def _qkv(*shape, dtype, device, seed=None):
@@ -82,8 +89,7 @@ def _cu(lens, device):
     return cu.to(device)
 
 
-@pytest.mark.parametrize("backend,dtype", [pytest.param(b, dt, id=f"{b}-{testing.dtype_id(dt)}")
-                                           for b in BACKENDS for dt in _dtypes(b)])
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, _dtypes, _inputs))
 def test_varlen_matches_reference(backend, dtype):
     device = testing.device_for(backend)
     lens = _varlen_lens(backend)
@@ -96,15 +102,28 @@ def test_varlen_matches_reference(backend, dtype):
 WINDOWS = [64, (64, 64), (0, 5), (7, 0), (3, 20), (0, 0), (500, 2)]
 
 
-@pytest.mark.parametrize("backend,window", [pytest.param(b, w, id=f"{b}-w{w if isinstance(w, int) else '%d_%d' % w}")
-                                            for b in BACKENDS for w in WINDOWS])
-def test_window_matches_reference(backend, window):
+def _window_dtypes(backend, window):
+    # cuda (fp16/bf16 only) runs every window in both of its dtypes; elsewhere fp32, and fp16 for one window.
+    if backend == "cuda":
+        return (torch.float16, torch.bfloat16)
+    return (torch.float16,) if backend != "reference" and window == (64, 64) else (torch.float32,)
+
+
+def _window_id(b, w, dt):
+    return f"{b}-w{w if isinstance(w, int) else '%d_%d' % w}-{testing.dtype_id(dt)}"
+
+
+WINDOW_CASES = testing.cases(OP, ((b, w, dt) for b in BACKENDS for w in WINDOWS for dt in _window_dtypes(b, w)),
+                             lambda b, w, dt: _inputs(b, dt), ids=_window_id)
+
+
+@pytest.mark.parametrize("backend,window,dtype", WINDOW_CASES)
+def test_window_matches_reference(backend, window, dtype):
     device = testing.device_for(backend)
     small = backend == "triton" and INTERP
     lens = [129, 1, 70] if small else [300, 1, 129, 64]
     wl, wr = (window, window) if isinstance(window, int) else window
     cu = _cu(lens, device)
-    dtype = torch.float16 if backend != "reference" and window == (64, 64) else torch.float32
     q, k, v = _qkv(sum(lens), 2, 64, dtype=dtype, device=device)
     out = ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=max(lens), window=window, backend=backend)
     _check(out, q, k, v, lambda a, b, c, up: attention_varlen_ref(a, b, c, cu, (wl, wr), upcast=up), dtype)
@@ -117,7 +136,7 @@ def _mask(rows, seqlen, device):
     return m.to(device)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", testing.backend_cases(OP, lambda b: _inputs(b, torch.float32)))
 @pytest.mark.parametrize("window", [None, (4, 4)], ids=["nowindow", "w4_4"])
 def test_mask_single_real_token_and_padded_rows_zero(backend, window):
     """Rows with one real token (first, middle, last position), a left-padded row, a full row, an empty row."""
@@ -138,8 +157,7 @@ def test_mask_single_real_token_and_padded_rows_zero(backend, window):
     testing.assert_close(out[1, 5], v[1, 5])
 
 
-@pytest.mark.parametrize("backend,dtype", [pytest.param(b, dt, id=f"{b}-{testing.dtype_id(dt)}")
-                                           for b in BACKENDS for dt in _dtypes(b)])
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, _dtypes, _inputs))
 def test_padded_equals_varlen(backend, dtype):
     device = testing.device_for(backend)
     seqlen = 70 if backend == "triton" and INTERP else 150
@@ -154,7 +172,7 @@ def test_padded_equals_varlen(backend, dtype):
     assert torch.equal(padded[~mask], torch.zeros_like(padded[~mask]))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", testing.backend_cases(OP, lambda b: _inputs(b, torch.float32, 32)))
 def test_empty_batch_and_noncontiguous_inputs(backend):
     device = testing.device_for(backend)
     q, k, v = _qkv(2, 0, 2, 64, dtype=torch.float32, device=device)

@@ -22,8 +22,15 @@ def _check(backend, x, approximate):
     testing.assert_close(out, ref, lowp, extra=testing.interpreter_extra(backend, x.dtype, ref))
 
 
-CASES = [pytest.param(be, dt, sh, ap, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}")
-         for be, dt, sh, ap in itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh"))]
+def _x(backend, dtype=torch.float32, shape=(2, 768)):
+    """The call a case makes, described for the registry (x on the backend's test device)."""
+    return {"x": testing.fake(*shape, dtype=dtype, device=testing.device_for(backend))}
+
+
+CASES = testing.cases(OP, itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh")),
+                      lambda be, dt, sh, ap: _x(be, dt, sh),
+                      ids=lambda be, dt, sh, ap: f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}")
+FP32 = testing.backend_cases(OP, _x)
 
 
 @pytest.mark.parametrize("backend,dtype,shape,approximate", CASES)
@@ -41,18 +48,18 @@ def test_geglu_matches_modernbert_mlp():
     x = testing.randn(5, 2 * 1152)
     inp, gate = x.chunk(2, dim=-1)
     expected = act(inp) * gate
-    for backend in BACKENDS:
+    for (backend,) in (p.values for p in testing.backend_cases(OP, lambda b: {"x": testing.fake(5, 2304)})):
         testing.assert_close(fastenc.ops.geglu(x, backend=backend), expected, name=backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_geglu_non_contiguous(backend):
     dev = testing.device_for(backend)
     _check(backend, testing.randn(2000, 9, device=dev).t(), "none")
     _check(backend, testing.randn(9, 4000, device=dev)[:, ::2], "tanh")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 @pytest.mark.parametrize("shape", [(0, 768), (2, 0, 2000), (3, 0)], ids=testing.shape_id)
 def test_geglu_empty(backend, shape):
     x = torch.empty(shape, device=testing.device_for(backend))
@@ -73,7 +80,7 @@ def test_triton_writes_every_element(dtype):
                          extra=testing.interpreter_extra("triton", dtype, ref))
 
 
-OUT_CASES = testing.out_cases(BACKENDS)
+OUT_CASES = testing.out_cases(BACKENDS, OP)
 
 
 @pytest.mark.parametrize("backend,dtype,inplace", OUT_CASES)

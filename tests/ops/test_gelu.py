@@ -23,9 +23,17 @@ def _check(backend, x, bias, approximate):
     testing.assert_close(out, ref, lowp, extra=testing.interpreter_extra(backend, x.dtype, ref))
 
 
-CASES = [pytest.param(be, dt, sh, bias, ap, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}{'-bias' if bias else ''}")
-         for be, dt, sh, (bias, ap) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
-                                                         ((False, "none"), (True, "none"), (True, "tanh")))]
+def _x(backend, dtype=torch.float32, shape=(2, 384)):
+    """The call a case makes, described for the registry (x on the backend's test device)."""
+    return {"x": testing.fake(*shape, dtype=dtype, device=testing.device_for(backend))}
+
+
+CASES = testing.cases(OP, ((be, dt, sh, bias, ap) for be, dt, sh, (bias, ap) in itertools.product(
+                          BACKENDS, testing.DTYPES, SHAPES, ((False, "none"), (True, "none"), (True, "tanh")))),
+                      lambda be, dt, sh, bias, ap: _x(be, dt, sh),
+                      ids=lambda be, dt, sh, bias, ap: f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}"
+                                                       f"{'-bias' if bias else ''}")
+FP32 = testing.backend_cases(OP, _x)
 
 
 @pytest.mark.parametrize("backend,dtype,shape,bias,approximate", CASES)
@@ -36,7 +44,7 @@ def test_gelu(backend, dtype, shape, bias, approximate):
     _check(backend, x, b, approximate)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_tails_and_specials(backend, approximate):
     """Far tails (exp overflow/underflow in the tanh rewrite, erf saturation) and exact zeros, in fp32."""
@@ -47,7 +55,7 @@ def test_gelu_tails_and_specials(backend, approximate):
     testing.assert_close(out, F.gelu(x.double(), approximate=approximate).float())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_gelu_non_contiguous(backend):
     dev = testing.device_for(backend)
     x = testing.randn(1000, 9, device=dev).t()
@@ -57,7 +65,7 @@ def test_gelu_non_contiguous(backend):
     _check(backend, x[:, ::3], None, "tanh")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 @pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0), ()], ids=lambda s: testing.shape_id(s) or "scalar")
 def test_gelu_empty_and_scalar(backend, shape):
     dev = testing.device_for(backend)
@@ -98,7 +106,7 @@ def test_cpu_gelu_dense_accuracy(approximate):
         assert float(rel.max()) <= 1e-4, float(rel.max())
 
 
-OUT_CASES = testing.out_cases(BACKENDS)
+OUT_CASES = testing.out_cases(BACKENDS, OP)
 
 
 @pytest.mark.parametrize("backend,dtype,inplace", OUT_CASES)

@@ -30,9 +30,16 @@ def _check(backend, x, w, b, r, eps=1e-5):
         testing.assert_close(o, rf, lp, extra=testing.interpreter_extra(backend, x.dtype, rf), name=name)
 
 
-CASES = [pytest.param(be, dt, sh, bias, res, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{'bias' if bias else 'nobias'}"
-                                                  f"{'-res' if res else ''}")
-         for be, dt, sh, bias, res in itertools.product(BACKENDS, testing.DTYPES, SHAPES, (True, False), (False, True))]
+def _x(backend, dtype=torch.float32, shape=(2, 384)):
+    """The call a case makes, described for the registry (x on the backend's test device)."""
+    return {"x": testing.fake(*shape, dtype=dtype, device=testing.device_for(backend))}
+
+
+CASES = testing.cases(OP, itertools.product(BACKENDS, testing.DTYPES, SHAPES, (True, False), (False, True)),
+                      lambda be, dt, sh, bias, res: _x(be, dt, sh),
+                      ids=lambda be, dt, sh, bias, res: f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-"
+                                                        f"{'bias' if bias else 'nobias'}{'-res' if res else ''}")
+FP32 = testing.backend_cases(OP, _x)
 
 
 @pytest.mark.parametrize("backend,dtype,shape,bias,residual", CASES)
@@ -46,8 +53,8 @@ def test_layer_norm(backend, dtype, shape, bias, residual):
     _check(backend, x, w, b, r)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, (torch.float32, torch.bfloat16),
+                                                             lambda b, dt: _x(b, dt, (2, 20000))))
 def test_layer_norm_wide_row(backend, dtype):
     """Hidden 20000 (> the fused block): the Triton kernel's chunked three-pass path."""
     dev = testing.device_for(backend)
@@ -56,7 +63,7 @@ def test_layer_norm_wide_row(backend, dtype):
     _check(backend, x, testing.randn(20000, dtype=dtype, device=dev), testing.randn(20000, dtype=dtype, device=dev), r)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_layer_norm_non_contiguous(backend):
     dev = testing.device_for(backend)
     x = testing.randn(1000, 9, device=dev).t()           # (9, 1000), column-major
@@ -68,7 +75,7 @@ def test_layer_norm_non_contiguous(backend):
     _check(backend, x, w, None, None)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 @pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768), (3, 0)], ids=testing.shape_id)
 def test_layer_norm_empty(backend, shape):
     dev = testing.device_for(backend)
@@ -106,10 +113,12 @@ def test_triton_writes_every_element(dtype):
     testing.assert_close(h, ref_h, lp[1], extra=testing.interpreter_extra("triton", dtype, ref_h), name="h")
 
 
-FUSED_CASES = [pytest.param(be, dt, res, keep, id=f"{be}-{testing.dtype_id(dt)}{'-res' if res else ''}"
-                                                  f"{'-keep' if keep else '-drop'}")
-               for be, dt, res, keep in itertools.product(BACKENDS, testing.DTYPES, (True, False), (True, False))
-               if res or keep]
+FUSED_CASES = testing.cases(OP, ((be, dt, res, keep) for be, dt, res, keep
+                                 in itertools.product(BACKENDS, testing.DTYPES, (True, False), (True, False))
+                                 if res or keep),
+                            lambda be, dt, res, keep: _x(be, dt, (37, 1000)),
+                            ids=lambda be, dt, res, keep: f"{be}-{testing.dtype_id(dt)}{'-res' if res else ''}"
+                                                          f"{'-keep' if keep else '-drop'}")
 
 
 @pytest.mark.parametrize("backend,dtype,residual,keep", FUSED_CASES)

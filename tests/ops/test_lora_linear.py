@@ -18,8 +18,18 @@ def _dtypes(backend):
     return testing.DTYPES
 
 
-CASES = [pytest.param(b, dt, s, id=f"{b}-{testing.dtype_id(dt)}-{s[0]}x{s[1]}x{s[2]}-r{s[3]}")
-         for b in testing.backends_for(OP) for dt in _dtypes(b) for s in SHAPES]
+def _inputs(backend, dtype=torch.float32, shape=(7, 24, 16, 4), device=None):
+    """The call a case makes, described for the registry: x (tokens, in), lora_a (rank, in) on the test device."""
+    tokens, in_f, out_f, r = shape
+    dev = device or testing.device_for(backend)
+    return {"x": testing.fake(tokens, in_f, dtype=dtype, device=dev),
+            "weight": testing.fake(out_f, in_f, dtype=dtype, device=dev),
+            "lora_a": testing.fake(r, in_f, dtype=dtype, device=dev),
+            "lora_b": testing.fake(out_f, r, dtype=dtype, device=dev)}
+
+
+CASES = testing.cases(OP, ((b, dt, s) for b in testing.backends_for(OP) for dt in _dtypes(b) for s in SHAPES),
+                      _inputs, ids=lambda b, dt, s: f"{b}-{testing.dtype_id(dt)}-{s[0]}x{s[1]}x{s[2]}-r{s[3]}")
 
 
 def _tensors(tokens, in_f, out_f, r, dtype, device, bias=True):
@@ -49,7 +59,7 @@ def test_lora_linear_matches_reference(backend, dtype, shape):
     _check(out, x, w, bb, a, b, scale, dtype)
 
 
-@pytest.mark.parametrize("backend", testing.backends_for(OP))
+@pytest.mark.parametrize("backend", testing.backend_cases(OP, lambda b: _inputs(b, shape=(18, 384, 200, 4))))
 def test_lora_linear_no_bias_leading_dims(backend):
     device = testing.device_for(backend)
     x, w, _, a, b = _tensors(2 * 9, 384, 200, 4, torch.float32, device, bias=False)
@@ -68,7 +78,9 @@ def test_lora_linear_rank_limits():
             ops.lora_linear(x, w, bb, a, b, 1.0, backend="triton")
 
 
-@pytest.mark.parametrize("backend", [b for b in testing.backends_for(OP) if b in ("reference", "cpu")])
+@pytest.mark.parametrize("backend", testing.cases(OP, [(b,) for b in testing.backends_for(OP)
+                                                         if b in ("reference", "cpu")],
+                                                   lambda b: _inputs(b, device="cpu"), ids=lambda b: b))
 def test_lora_linear_opcheck(backend):
     x, w, bb, a, b = _tensors(7, 24, 16, 4, torch.float32, "cpu")
     torch.library.opcheck(torch.ops.fastenc.lora_linear.default, (x, w, bb, a, b, 0.5, backend))

@@ -9,8 +9,14 @@ from fastenc.reference.merge_lora import merge_lora_ref
 OP = "merge_lora"
 # (out_features, in_features, rank): odd widths, rank 1..64, fused-QKV-like tall weights.
 SHAPES = [(384, 384, 8), (1152, 384, 1), (37, 1000, 64), (17, 1152, 16)]
-CASES = [pytest.param(b, dt, s, id=f"{b}-{testing.dtype_id(dt)}-{s[0]}x{s[1]}-r{s[2]}")
-         for b in testing.backends_for(OP) for dt in testing.DTYPES for s in SHAPES]
+def _w(backend, dtype=torch.float32, shape=(33, 40, 4), device=None):
+    """The call a case makes, described for the registry: weight (out, in) on the test device."""
+    return {"weight": testing.fake(*shape[:2], dtype=dtype, device=device or testing.device_for(backend))}
+
+
+CASES = testing.cases(OP, ((b, dt, s) for b in testing.backends_for(OP) for dt in testing.DTYPES for s in SHAPES),
+                      _w, ids=lambda b, dt, s: f"{b}-{testing.dtype_id(dt)}-{s[0]}x{s[1]}-r{s[2]}")
+BF16 = testing.backend_cases(OP, lambda b: _w(b, torch.bfloat16))
 
 
 def _interp_bf16(backend, dtype):
@@ -44,7 +50,7 @@ def test_merge_lora_matches_reference(backend, dtype, shape):
                          dtype=dtype, extra=extra)
 
 
-@pytest.mark.parametrize("backend", testing.backends_for(OP))
+@pytest.mark.parametrize("backend", BF16)
 def test_merge_lora_inplace_and_mixed_dtypes(backend):
     """bf16 base weight, fp32 adapter (PEFT's usual storage); in place into an nn.Parameter."""
     device = testing.device_for(backend)
@@ -68,7 +74,7 @@ def _peft_gpu_merge_bf16(w, a, b, scale):
     return w + delta
 
 
-@pytest.mark.parametrize("backend", testing.backends_for(OP))
+@pytest.mark.parametrize("backend", BF16)
 def test_merge_lora_bf16_error_not_above_peft(backend):
     device = testing.device_for(backend)
     g = torch.Generator().manual_seed(1234)
@@ -90,7 +96,9 @@ def test_merge_lora_bf16_error_not_above_peft(backend):
         assert bool((err_ours <= ulp_half + 1e-30).all())
 
 
-@pytest.mark.parametrize("backend", [b for b in testing.backends_for(OP) if b in ("reference", "cpu")])
+@pytest.mark.parametrize("backend", testing.cases(OP, [(b,) for b in testing.backends_for(OP)
+                                                         if b in ("reference", "cpu")],
+                                                   lambda b: _w(b, device="cpu"), ids=lambda b: b))
 def test_merge_lora_opcheck(backend):
     w, a, b = _tensors(33, 40, 4, torch.float32, "cpu")
     torch.library.opcheck(torch.ops.fastenc.merge_lora.default, (w, a, b, 0.5, backend))

@@ -27,8 +27,16 @@ def _check(backend, x, w, r, eps=1e-6):
         testing.assert_close(o, rf, lp, extra=testing.interpreter_extra(backend, x.dtype, rf), name=name)
 
 
-CASES = [pytest.param(be, dt, sh, res, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}{'-res' if res else ''}")
-         for be, dt, sh, res in itertools.product(BACKENDS, testing.DTYPES, SHAPES, (False, True))]
+def _x(backend, dtype=torch.float32, shape=(2, 384)):
+    """The call a case makes, described for the registry (x on the backend's test device)."""
+    return {"x": testing.fake(*shape, dtype=dtype, device=testing.device_for(backend))}
+
+
+CASES = testing.cases(OP, itertools.product(BACKENDS, testing.DTYPES, SHAPES, (False, True)),
+                      lambda be, dt, sh, res: _x(be, dt, sh),
+                      ids=lambda be, dt, sh, res: f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}"
+                                                  f"{'-res' if res else ''}")
+FP32 = testing.backend_cases(OP, _x)
 
 
 @pytest.mark.parametrize("backend,dtype,shape,residual", CASES)
@@ -40,7 +48,7 @@ def test_rms_norm(backend, dtype, shape, residual):
     _check(backend, x, w, r)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", testing.backend_cases(OP, lambda b: _x(b, shape=(2, 20000))))
 def test_rms_norm_wide_row(backend):
     """Hidden 20000 (> the fused block): the Triton kernel's chunked path."""
     dev = testing.device_for(backend)
@@ -48,7 +56,7 @@ def test_rms_norm_wide_row(backend):
     _check(backend, x, testing.randn(20000, device=dev), r)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_rms_norm_non_contiguous(backend):
     dev = testing.device_for(backend)
     x = testing.randn(1000, 9, device=dev).t()
@@ -59,7 +67,7 @@ def test_rms_norm_non_contiguous(backend):
     _check(backend, x, w, None)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 @pytest.mark.parametrize("shape", [(0, 384), (2, 0, 768)], ids=testing.shape_id)
 def test_rms_norm_empty(backend, shape):
     dev = testing.device_for(backend)

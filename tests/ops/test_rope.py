@@ -46,9 +46,18 @@ def _check(backend, q, k, cos, sin, position_ids=None, cu_seqlens=None):
 
 # ModernBERT's two thetas: 10000 (local layers) with the 4-D layout, 160000 (global) with packed tokens; the
 # position_ids and transformers tests below cover the other pairings.
-CASES = [pytest.param(be, dt, sh, theta, layout, id=f"{be}-{testing.dtype_id(dt)}-{_rope_id(sh)}-theta{int(theta)}-{layout}")
-         for be, dt, sh, (theta, layout) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
-                                                              ((10000.0, "bshd"), (160000.0, "packed")))]
+def _qk(backend, dtype=torch.float32, heads=2, head_dim=64):
+    """The call a case makes, described for the registry: packed q (tokens, heads, head_dim) on the test device."""
+    return {"q": testing.fake(9, heads, head_dim, dtype=dtype, device=testing.device_for(backend))}
+
+
+CASES = testing.cases(OP, ((be, dt, sh, theta, layout) for be, dt, sh, (theta, layout) in itertools.product(
+                          BACKENDS, testing.DTYPES, SHAPES, ((10000.0, "bshd"), (160000.0, "packed")))),
+                      lambda be, dt, sh, theta, layout: _qk(be, dt, sh[2], sh[4]),
+                      ids=lambda be, dt, sh, theta, layout: f"{be}-{testing.dtype_id(dt)}-{_rope_id(sh)}-"
+                                                            f"theta{int(theta)}-{layout}")
+FP32 = testing.backend_cases(OP, _qk)
+FP32_FP16 = testing.dtype_cases(OP, (torch.float32, torch.float16), _qk)
 
 
 @pytest.mark.parametrize("backend,dtype,shape,theta,layout", CASES)
@@ -69,8 +78,7 @@ def test_rope(backend, dtype, shape, theta, layout):
                testing.randn(total, hk, d, dtype=dtype, device=dev), cos, sin, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", FP32_FP16)
 def test_rope_position_ids(backend, dtype):
     """Explicit positions: per-row (batch, seq), shared (seq,), packed (tokens,), int32 and int64, up to P-1."""
     dev = testing.device_for(backend)
@@ -83,7 +91,7 @@ def test_rope_position_ids(backend, dtype):
     _check(backend, q[0], k[0], cos, sin, position_ids=pid[1].to(torch.int32))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_rope_non_contiguous(backend):
     """q and k as views into a fused QKV projection (strided, not contiguous)."""
     dev = testing.device_for(backend)
@@ -95,7 +103,7 @@ def test_rope_non_contiguous(backend):
     _check(backend, q.reshape(18, 4, 64)[::2], k.reshape(18, 4, 64)[::2], cos, sin)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_rope_empty(backend):
     dev = testing.device_for(backend)
     cos, sin = rope_cache(64, 16, device=dev)
@@ -105,9 +113,8 @@ def test_rope_empty(backend):
         assert qo.shape == shape and ko.shape == shape
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend,dtype", FP32_FP16)
 @pytest.mark.parametrize("theta,layer_type", [(160000.0, "full_attention"), (10000.0, "sliding_attention")])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=testing.dtype_id)
 def test_rope_matches_transformers(backend, theta, layer_type, dtype):
     """Same result as ModernBERT's rotary embedding + transformers' apply_rotary_pos_emb (global and local theta)."""
     from transformers import ModernBertConfig
