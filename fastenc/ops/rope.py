@@ -9,7 +9,7 @@ from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import check_cu_seqlens, check_float, needs_grad
 from fastenc.ops._library import custom_op
-from fastenc.reference.rope import rope_bwd_ref, rope_cache, rope_ref
+from fastenc.reference.rope import check_positions, rope_bwd_ref, rope_cache, rope_ref
 
 OP = "rope"
 OP_BWD = "rope_bwd"
@@ -170,9 +170,14 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                              f"{OP}: position_ids must have shape {tuple(lead)}, got {tuple(position_ids.shape)}")
         pos = position_ids.reshape(-1).to(device=q.device)
         if pos.dtype != torch.int32:
-            # range first, then narrow: an int64 position outside [0, rows) becomes -1, which every backend rejects
-            # where it reads it (never wrapped into range by the int32 cast); no host read here
-            pos = torch.where((pos >= 0) & (pos < rows), pos, -1).to(torch.int32)
+            # range first, then narrow (never wrapped into range by the int32 cast): on CPU read on the host (free,
+            # and the error shows the values given); elsewhere an int64 position outside [0, rows) becomes -1,
+            # which the kernels reject where they read it, with no device sync
+            if pos.device.type == "cpu":
+                check_positions(pos, rows)
+            else:
+                pos = torch.where((pos >= 0) & (pos < rows), pos, -1)
+            pos = pos.to(torch.int32)
     elif cu_seqlens is not None:
         cu = check_cu_seqlens(cu_seqlens, tokens, q.device, OP)  # host list, read once per forward (cached)
         longest = max(b - a for a, b in zip(cu, cu[1:]))
