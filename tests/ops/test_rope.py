@@ -265,3 +265,23 @@ def test_rope_misaligned(backend, dtype):
     cos2, sin2 = rope_cache(64, 16, device=dev)
     q2 = testing.randn(5 * 64 + 1, dtype=dtype, device=dev)[1:].view(5, 1, 64)
     _check(backend, q2, q2, cos2, sin2)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+def test_triton_rope_kernel_masks_out_of_table_positions(monkeypatch):
+    """The GPU contract, checked on the Triton kernel itself (the CPU host check bypassed): a position outside the
+    table never reads it, that token's rows come out NaN, every other token is right."""
+    import fastenc.reference.rope as rope_reference
+    from fastenc.kernels.rope import rope_fwd
+
+    monkeypatch.setattr(rope_reference, "check_positions", lambda positions, rows: None)
+    dev = testing.device_for("triton")
+    cos, sin = rope_cache(64, 8, device=dev)
+    q, k = testing.randn(4, 2, 64, device=dev), testing.randn(4, 1, 64, device=dev)
+    pos = torch.tensor([1, 8, -3, 7], dtype=torch.int32, device=dev)
+    qo, ko = rope_fwd(q, k, cos, sin, pos)
+    good = torch.tensor([0, 3])
+    ref = rope_ref(q[good], k[good], cos, sin, pos[good])
+    testing.assert_close(qo[good], ref[0], name="q")
+    testing.assert_close(ko[good], ref[1], name="k")
+    assert bool(qo[1:3].isnan().all()) and bool(ko[1:3].isnan().all())
