@@ -198,20 +198,92 @@ void geglu_out(const Tensor& x, const std::string& approximate, const Tensor& ou
   geglu_into(x, approximate, out);
 }
 
-// ---------------------------------------------------------------- rope (cpu)
-std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
-                                const Tensor& positions) {
+// ---------------------------------------------------------------- rope (cpu), forward and backward
+// The kernel checks each position where it reads it; any outside [0, P) raises here (outputs are discarded).
+std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& positions, bool inverse) {
   check_cpu(q, "q");
+  check_cpu(k, "k");
+  check_cpu(positions, "positions");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2),
               "rope: q, k must be (tokens, heads, dim)");
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && 2 * cos.size(1) <= q.size(2),
+              "rope: cos, sin must both be (positions, half) with 2*half <= ", q.size(2), ", got ", cos.sizes(),
+              " and ", sin.sizes());
   TORCH_CHECK(positions.numel() == q.size(0), "rope: positions must have one entry per token");
   Tensor qf = f32(q), kf = f32(k), cf = f32(cos), sf = f32(sin);
   Tensor pos = positions.to(at::kInt).contiguous();
   Tensor qo = cpu_empty_like(qf), ko = cpu_empty_like(kf);
-  fastenc_cpu::rope_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), qo.data_ptr<float>(), ko.data_ptr<float>(),
-                        cf.data_ptr<float>(), sf.data_ptr<float>(), pos.data_ptr<int32_t>(), q.size(0), q.size(1),
-                        k.size(1), q.size(2), cos.size(1));
+  const int64_t bad = fastenc_cpu::rope_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), qo.data_ptr<float>(),
+                                            ko.data_ptr<float>(), cf.data_ptr<float>(), sf.data_ptr<float>(),
+                                            pos.data_ptr<int32_t>(), q.size(0), q.size(1), k.size(1), q.size(2),
+                                            cos.size(1), cos.size(0), inverse);
+  TORCH_CHECK_VALUE(bad == 0, "rope: positions (from position_ids or cu_seqlens) must be in [0, ", cos.size(0),
+                    ") (the cos/sin table); ", bad, " of ", q.size(0), " tokens are outside");
   return {qo.to(q.scalar_type()), ko.to(k.scalar_type())};
+}
+
+std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                                const Tensor& positions) {
+  return rope_cpu(q, k, cos, sin, positions, false);
+}
+
+// (dq, dk) from the output gradients: the inverse rotation.
+std::tuple<Tensor, Tensor> rope_bwd(const Tensor& grad_q, const Tensor& grad_k, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& positions) {
+  return rope_cpu(grad_q, grad_k, cos, sin, positions, true);
+}
+
+// ---------------------------------------------------------------- gelu / geglu backward (cpu)
+// grad, x (rows, n) -> (dx (rows, n), dbias (n,) in x's dtype, or empty without bias); bf16 end to end or fp32 math
+// over fp32 copies. dbias is summed in fp32 inside the kernel.
+std::tuple<Tensor, Tensor> gelu_bwd(const Tensor& grad, const Tensor& x, const OptTensor& bias,
+                                    const std::string& approximate) {
+  check_cpu(x, "x");
+  check_cpu(grad, "grad");
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh'");
+  TORCH_CHECK(x.dim() == 2 && grad.sizes() == x.sizes(), "gelu backward: grad must have x's shape ", x.sizes(),
+              ", got ", grad.sizes());
+  TORCH_CHECK(!bias || bias->numel() == x.size(1), "gelu backward: bias must have ", x.size(1), " elements");
+  const bool tanh_approx = approximate == "tanh";
+  const int64_t rows = x.size(0), n = x.size(1);
+  Tensor db = bias ? at::empty({n}, x.options().dtype(at::kFloat)) : at::empty({0}, x.options());
+  float* dbp = bias ? db.data_ptr<float>() : nullptr;
+  if (all_bf16({grad, x}) && (!bias || all_bf16({*bias}))) {
+    Tensor gc = grad.contiguous(), xc = x.contiguous();
+    OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
+    Tensor dx = cpu_empty_like(xc);
+    fastenc_cpu::gelu_bwd_bf16(bptr(gc), bptr(xc), bptr(bc), bptr(dx), dbp, rows, n, tanh_approx);
+    return {dx, bias ? db.to(x.scalar_type()) : db};
+  }
+  Tensor gf = f32(grad), xf = f32(x);
+  OptTensor bf = bias ? OptTensor(f32(*bias)) : std::nullopt;
+  Tensor dx = cpu_empty_like(xf);
+  fastenc_cpu::gelu_bwd(gf.data_ptr<float>(), xf.data_ptr<float>(), fptr(bf), dx.data_ptr<float>(), dbp, rows, n,
+                        tanh_approx);
+  return {dx.to(x.scalar_type()), bias ? db.to(x.scalar_type()) : db};
+}
+
+// grad (rows, n), x (rows, 2n) -> dx (rows, 2n): [d input | d gate].
+Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approximate) {
+  check_cpu(x, "x");
+  check_cpu(grad, "grad");
+  TORCH_CHECK(approximate == "none" || approximate == "tanh", "geglu: approximate must be 'none' or 'tanh'");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && grad.dim() == 2 && grad.size(0) == x.size(0) &&
+                  grad.size(1) * 2 == x.size(1),
+              "geglu backward: grad must be (rows, n) for x (rows, 2n), got ", grad.sizes(), " and ", x.sizes());
+  const bool tanh_approx = approximate == "tanh";
+  const int64_t rows = x.size(0), n = x.size(1) / 2;
+  if (all_bf16({grad, x})) {
+    Tensor gc = grad.contiguous(), xc = x.contiguous();
+    Tensor dx = cpu_empty_like(xc);
+    fastenc_cpu::geglu_bwd_bf16(bptr(gc), bptr(xc), bptr(dx), rows, n, tanh_approx);
+    return dx;
+  }
+  Tensor gf = f32(grad), xf = f32(x);
+  Tensor dx = cpu_empty_like(xf);
+  fastenc_cpu::geglu_bwd(gf.data_ptr<float>(), xf.data_ptr<float>(), dx.data_ptr<float>(), rows, n, tanh_approx);
+  return dx.to(x.scalar_type());
 }
 
 // ---------------------------------------------------------------- attention (cpu)
@@ -418,8 +490,8 @@ Tensor geglu_cuda(const Tensor& x, const std::string& approximate) {
   return y;
 }
 
-std::tuple<Tensor, Tensor> rope_cuda(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
-                                     const Tensor& positions) {
+std::tuple<Tensor, Tensor> rope_cuda_impl(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                                          const Tensor& positions, bool inverse) {
   check_on(q, q, "rope", "q");
   check_on(k, q, "rope", "k");
   check_on(cos, q, "rope", "cos");
@@ -443,9 +515,64 @@ std::tuple<Tensor, Tensor> rope_cuda(const Tensor& q, const Tensor& k, const Ten
   Tensor qo = at::empty_like(qc), ko = at::empty_like(kc);
   check_launch(fastenc_cuda::rope_fwd(qc.data_ptr(), kc.data_ptr(), qo.data_ptr(), ko.data_ptr(), cf.data_ptr<float>(),
                                       sf.data_ptr<float>(), pos.data_ptr<int32_t>(), q.size(0), q.size(1), k.size(1),
-                                      q.size(2), cos.size(1), dt, c10::cuda::getCurrentCUDAStream()),
+                                      q.size(2), cos.size(1), cos.size(0), inverse, dt,
+                                      c10::cuda::getCurrentCUDAStream()),
                "rope");
   return {qo, ko};
+}
+
+// A position outside the table gives NaN rows (checked in the kernel where it is read; no host sync).
+std::tuple<Tensor, Tensor> rope_cuda(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                                     const Tensor& positions) {
+  return rope_cuda_impl(q, k, cos, sin, positions, false);
+}
+
+std::tuple<Tensor, Tensor> rope_bwd_cuda(const Tensor& grad_q, const Tensor& grad_k, const Tensor& cos,
+                                         const Tensor& sin, const Tensor& positions) {
+  return rope_cuda_impl(grad_q, grad_k, cos, sin, positions, true);
+}
+
+// gelu backward: (dx, dbias); dbias = dx summed over rows in fp32 (empty without bias).
+std::tuple<Tensor, Tensor> gelu_bwd_cuda(const Tensor& grad, const Tensor& x, const OptTensor& bias,
+                                         const std::string& approximate) {
+  check_on(x, x, "gelu", "x");
+  check_on(grad, x, "gelu", "grad");
+  const int dt = cuda_dtype(x, "gelu", "x");
+  const bool tanh_approx = tanh_flag(approximate, "gelu");
+  TORCH_CHECK(x.dim() == 2 && grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type(),
+              "gelu backward (cuda): grad must match x (", x.sizes(), ", ", x.scalar_type(), "), got (", grad.sizes(),
+              ", ", grad.scalar_type(), ")");
+  if (bias.has_value()) {
+    check_on(*bias, x, "gelu", "bias");
+    TORCH_CHECK(bias->numel() == x.size(1), "gelu (cuda): bias must have ", x.size(1), " elements, got ", bias->numel());
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Tensor xc = x.contiguous(), gc = grad.contiguous();
+  const OptTensor bc = bias.has_value() ? OptTensor(bias->to(x.scalar_type()).contiguous()) : std::nullopt;
+  Tensor dx = at::empty_like(xc);
+  check_launch(fastenc_cuda::gelu_bwd(gc.data_ptr(), xc.data_ptr(), ptr_or_null(bc), dx.data_ptr(), x.size(0),
+                                      x.size(1), tanh_approx, dt, c10::cuda::getCurrentCUDAStream()),
+               "gelu backward");
+  Tensor db = bias.has_value() ? dx.sum(0, false, at::kFloat).to(x.scalar_type()) : at::empty({0}, x.options());
+  return {dx, db};
+}
+
+Tensor geglu_bwd_cuda(const Tensor& grad, const Tensor& x, const std::string& approximate) {
+  check_on(x, x, "geglu", "x");
+  check_on(grad, x, "geglu", "grad");
+  const int dt = cuda_dtype(x, "geglu", "x");
+  const bool tanh_approx = tanh_flag(approximate, "geglu");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0 && grad.dim() == 2 && grad.size(0) == x.size(0) &&
+                  2 * grad.size(1) == x.size(1) && grad.scalar_type() == x.scalar_type(),
+              "geglu backward (cuda): grad must be (rows, n) of x's dtype for x (rows, 2n), got ", grad.sizes(), " ",
+              grad.scalar_type(), " for ", x.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Tensor xc = x.contiguous(), gc = grad.contiguous();
+  Tensor dx = at::empty_like(xc);
+  check_launch(fastenc_cuda::geglu_bwd(gc.data_ptr(), xc.data_ptr(), dx.data_ptr(), x.size(0), x.size(1) / 2,
+                                       tanh_approx, dt, c10::cuda::getCurrentCUDAStream()),
+               "geglu backward");
+  return dx;
 }
 
 Tensor merge_lora_cuda(const Tensor& weight, const Tensor& lora_a, const Tensor& lora_b, double scale) {
@@ -537,6 +664,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("geglu", &geglu, "gelu(x[:, :n]) * x[:, n:]");
   m.def("geglu_out", &geglu_out, "gelu(x[:, :n]) * x[:, n:] into out (may be x[:, :n])");
   m.def("rope", &rope, "rotate-half RoPE of q and k");
+  m.def("rope_bwd", &rope_bwd, "rope backward: the inverse rotation of the output gradients");
+  m.def("gelu_bwd", &gelu_bwd, "gelu backward: (dx, dbias)");
+  m.def("geglu_bwd", &geglu_bwd, "geglu backward: dx = [d input | d gate]");
   // attention (cpu) defs
   m.def("attention", &attention, "varlen bidirectional attention (online softmax, window), fp32 math");
   // lora (cpu) defs
@@ -549,6 +679,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_cuda", &gelu_cuda, "gelu(x + bias), CUDA kernel");
   m.def("geglu_cuda", &geglu_cuda, "gelu(x[:, :n]) * x[:, n:], CUDA kernel");
   m.def("rope_cuda", &rope_cuda, "rotate-half RoPE of q and k, CUDA kernel");
+  m.def("rope_bwd_cuda", &rope_bwd_cuda, "rope backward (inverse rotation), CUDA kernel");
+  m.def("gelu_bwd_cuda", &gelu_bwd_cuda, "gelu backward: (dx, dbias), CUDA kernel");
+  m.def("geglu_bwd_cuda", &geglu_bwd_cuda, "geglu backward: [d input | d gate], CUDA kernel");
   m.def("merge_lora_cuda", &merge_lora_cuda, "W + scale * B @ A, CUDA kernel, fp32 accumulation");
   m.def("attention_cuda", &attention_cuda, "varlen bidirectional attention, FlashAttention-2 on tensor cores");
 #endif

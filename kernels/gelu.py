@@ -19,11 +19,12 @@ def _gelu_f32(x, APPROX_TANH: tl.constexpr):
     # exact: gelu(x) = 0.5 * x * (1 + erf(x / sqrt(2)))
     # tanh:  gelu(x) = 0.5 * x * (1 + tanh(u)),  u = sqrt(2/pi) * (x + 0.044715 x^3)
     #        and 0.5 * (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)), so gelu(x) = x / (1 + exp(-2u)).
-    #        exp(-2u) overflows to inf for very negative x, giving x / inf = -0, the correct limit.
+    #        Below x = -13 gelu is -0 to within 1e-37: x * 0 gives -0 there and NaN at -inf, as torch's F.gelu.
     if APPROX_TANH:
         u2 = 1.5957691216057308 * (x + 0.044715 * x * x * x)  # 2u, 2 * sqrt(2/pi) = 1.5957691216057308
         y = x / (1.0 + tl.exp(tl.minimum(-u2, 88.0)))  # clamp: exp(88) ~ 1.7e38 is finite, x / it ~ -0
-    else:
+        y = tl.where(x < -13.0, x * 0.0, y)
+    else:  # -inf: 0.5 * -inf * (1 + erf(-inf)) = -inf * 0 = NaN, as torch
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     return y
 
@@ -41,6 +42,38 @@ def _gelu_fwd_kernel(X, B, Y, M, N, stride_x, stride_y, HAS_BIAS: tl.constexpr, 
         x += tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
     y = _gelu_f32(x, APPROX_TANH)
     tl.store(Y + rows64 * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_grad_f32(x, APPROX_TANH: tl.constexpr):
+    # exact: gelu'(x) = Phi(x) + x phi(x),  Phi(x) = (1 + erf(x / sqrt 2)) / 2,  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+    # tanh:  s = 1 / (1 + exp(-2u)) = (1 + tanh u) / 2,  1 - tanh^2 u = 4 s (1 - s), so
+    #        gelu'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    # Beyond |x| = 13 gelu' is the step (1 or 0); + (x - x) keeps NaN at +-inf and for NaN, as torch.
+    if APPROX_TANH:
+        u2 = 1.5957691216057308 * (x + 0.044715 * x * x * x)
+        s = 1.0 / (1.0 + tl.exp(tl.minimum(-u2, 88.0)))
+        d = s + x * s * (1.0 - s) * 1.5957691216057308 * (1.0 + 0.134145 * x * x)
+    else:
+        d = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476)) + x * tl.exp(-0.5 * x * x) * 0.3989422804014327
+    step = tl.where(x > 0.0, 1.0, 0.0) + (x - x)
+    return tl.where(tl.abs(x) > 13.0, step, d)
+
+
+@triton.jit
+def _gelu_bwd_kernel(G, X, B, DX, M, N, stride_g, stride_x, stride_dx, HAS_BIAS: tl.constexpr,
+                     APPROX_TANH: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    # dx[r, c] = g[r, c] * gelu'(x[r, c] + b[c]) over a (ROWS, BLOCK_N) tile, recomputed from x (fp32 math).
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = (rows < M) & (cols < N)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + rows64 * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
+    dx = g * _gelu_grad_f32(x, APPROX_TANH)
+    tl.store(DX + rows64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 def tile_config(n: int) -> dict[str, int]:
@@ -71,6 +104,32 @@ def gelu_fwd(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, *,
     return y
 
 
+def gelu_out(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, out: torch.Tensor) -> None:
+    """gelu_fwd into `out` ((rows, n), unit column stride; may be x itself)."""
+    gelu_fwd(x, bias, approximate, out=out)
+
+
+def gelu_bwd(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str):
+    """grad, x: (rows, n) fp32/fp16/bf16 (unit column stride); bias: (n,) or None.
+
+    Returns (dx (rows, n) in x's dtype, dbias (n,) in x's dtype or an empty tensor without bias); dbias is dx
+    summed over rows in fp32."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m and n:
+        cfg = tile_config(n)
+        grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(n, cfg["BLOCK_N"]))
+        with on_device(x):
+            _gelu_bwd_kernel[grid](grad, x, bias if bias is not None else x, dx, m, n, grad.stride(0), x.stride(0),
+                                   dx.stride(0), HAS_BIAS=bias is not None, APPROX_TANH=approximate == "tanh",
+                                   ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
+    dbias = dx.sum(0, dtype=torch.float32).to(x.dtype) if bias is not None else x.new_empty(0)
+    return dx, dbias
+
+
 def compile_specs() -> list[dict]:
     specs = []
     for name, dt, n, bias, tanh in (("gelu_fp16_3072_bias_erf", "fp16", 3072, True, False),
@@ -85,6 +144,20 @@ def compile_specs() -> list[dict]:
                           "BLOCK_N": "constexpr"},
             "constexprs": {"HAS_BIAS": bias, "APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
             "divisible_by_16": ["N", "stride_x", "stride_y"] if n % 16 == 0 else [],
+            "num_warps": cfg["num_warps"], "num_stages": 1,
+        })
+    for name, dt, n, bias, tanh in (("gelu_bwd_bf16_3072_bias_erf", "bf16", 3072, True, False),
+                                    ("gelu_bwd_fp16_1152_tanh", "fp16", 1152, False, True),
+                                    ("gelu_bwd_fp32_1000_bias_tanh", "fp32", 1000, True, True)):
+        cfg = tile_config(n)
+        p = "*" + dt
+        specs.append({
+            "name": name, "fn": _gelu_bwd_kernel,
+            "signature": {"G": p, "X": p, "B": p, "DX": p, "M": "i32", "N": "i32", "stride_g": "i32",
+                          "stride_x": "i32", "stride_dx": "i32", "HAS_BIAS": "constexpr", "APPROX_TANH": "constexpr",
+                          "ROWS": "constexpr", "BLOCK_N": "constexpr"},
+            "constexprs": {"HAS_BIAS": bias, "APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
+            "divisible_by_16": ["N", "stride_g", "stride_x", "stride_dx"] if n % 16 == 0 else [],
             "num_warps": cfg["num_warps"], "num_stages": 1,
         })
     return specs

@@ -51,6 +51,71 @@ __global__ void geglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ out, i
   }
 }
 
+// gelu(v) and gelu'(v) together (the backward recomputes both from x; nothing is saved by the forward):
+//   exact: gelu'(v) = Phi(v) + v phi(v),  Phi(v) = (1 + erf(v / sqrt 2)) / 2,  phi(v) = exp(-v^2 / 2) / sqrt(2 pi)
+//   tanh:  s = 1 / (1 + exp(-2u)) = (1 + tanh u) / 2,  gelu(v) = v s,
+//          gelu'(v) = s + 2 v s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 v^2)     (1 - tanh^2 u = 4 s (1 - s))
+// At +-inf both give NaN (inf * 0), as torch's gelu_backward.
+__device__ __forceinline__ void gelu_and_grad_f(float v, bool tanh_approx, float& y, float& d) {
+  if (tanh_approx) {
+    const float s = 1.f / (1.f + expf(-1.5957691216057308f * (v + 0.044715f * v * v * v)));
+    y = v * s;
+    d = s + v * s * (1.f - s) * 1.5957691216057308f * (1.f + 0.134145f * v * v);
+  } else {
+    const float cdf = 0.5f * (1.f + erff(v * 0.7071067811865476f));
+    y = v * cdf;
+    d = cdf + v * expf(-0.5f * v * v) * 0.3989422804014327f;
+  }
+}
+
+// dx[r, c] = grad[r, c] * gelu'(x[r, c] + bias[c]) over `total` vectors of VEC elements (bias: row_vecs per row).
+template <typename T, int VEC>
+__global__ void gelu_bwd_kernel(const T* __restrict__ grad, const T* __restrict__ x, const T* __restrict__ bias,
+                                T* __restrict__ dx, int64_t total, int64_t row_vecs, bool tanh_approx) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[VEC], g[VEC];
+    load_f32<T, VEC>(x + i * VEC, v);
+    load_f32<T, VEC>(grad + i * VEC, g);
+    if (bias != nullptr) {
+      float b[VEC];
+      load_f32<T, VEC>(bias + (i % row_vecs) * VEC, b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] += b[j];
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      float y, d;
+      gelu_and_grad_f(v[j], tanh_approx, y, d);
+      g[j] *= d;
+    }
+    store_f32<T, VEC>(dx + i * VEC, g);
+  }
+}
+
+// x = [a | gate] (rows, 2n), grad (rows, n): dx[r, c] = grad * gate * gelu'(a), dx[r, n + c] = grad * gelu(a).
+template <typename T, int VEC>
+__global__ void geglu_bwd_kernel(const T* __restrict__ grad, const T* __restrict__ x, T* __restrict__ dx,
+                                 int64_t total, int64_t row_vecs, int64_t n, bool tanh_approx) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / row_vecs, c = (i - row * row_vecs) * VEC;
+    float a[VEC], gt[VEC], g[VEC];
+    load_f32<T, VEC>(x + row * 2 * n + c, a);
+    load_f32<T, VEC>(x + row * 2 * n + n + c, gt);
+    load_f32<T, VEC>(grad + row * n + c, g);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      float y, d;
+      gelu_and_grad_f(a[j], tanh_approx, y, d);
+      a[j] = g[j] * gt[j] * d;
+      gt[j] = g[j] * y;
+    }
+    store_f32<T, VEC>(dx + row * 2 * n + c, a);
+    store_f32<T, VEC>(dx + row * 2 * n + n + c, gt);
+  }
+}
+
 constexpr int kThreads = 256;
 
 }  // namespace
@@ -91,6 +156,53 @@ cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool ta
     } else {
       const int64_t total = rows * n;
       geglu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, op, total, n, n, tanh_approx);
+    }
+    return cudaGetLastError();
+  });
+}
+
+// The vector path needs every pointer 16-byte aligned and rows a whole number of vectors; any other input
+// (a storage-offset view, a width like 1001) takes the element-wise path (VEC = 1: no vector access at all).
+cudaError_t gelu_bwd(const void* grad, const void* x, const void* bias, void* dx, int64_t rows, int64_t n,
+                     bool tanh_approx, int dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    constexpr int V = 16 / sizeof(T);
+    const T* gp = static_cast<const T*>(grad);
+    const T* xp = static_cast<const T*>(x);
+    const T* bp = static_cast<const T*>(bias);
+    T* dp = static_cast<T*>(dx);
+    if (n % V == 0 && aligned16(grad) && aligned16(x) && aligned16(dx) && (bias == nullptr || aligned16(bias))) {
+      const int64_t total = rows * n / V;
+      gelu_bwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, bp, dp, total, n / V,
+                                                                               tanh_approx);
+    } else {
+      const int64_t total = rows * n;
+      gelu_bwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, bp, dp, total, n,
+                                                                               tanh_approx);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t geglu_bwd(const void* grad, const void* x, void* dx, int64_t rows, int64_t n, bool tanh_approx,
+                      int dtype, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return cudaSuccess;
+  return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    constexpr int V = 16 / sizeof(T);
+    const T* gp = static_cast<const T*>(grad);
+    const T* xp = static_cast<const T*>(x);
+    T* dp = static_cast<T*>(dx);
+    if (n % V == 0 && aligned16(grad) && aligned16(x) && aligned16(dx)) {
+      const int64_t total = rows * n / V;
+      geglu_bwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, dp, total, n / V, n,
+                                                                                tanh_approx);
+    } else {
+      const int64_t total = rows * n;
+      geglu_bwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, dp, total, n, n,
+                                                                                tanh_approx);
     }
     return cudaGetLastError();
   });

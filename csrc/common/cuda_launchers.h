@@ -27,11 +27,20 @@ cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, i
 cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool tanh_approx, int dtype,
                       cudaStream_t stream);
 
-// Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d (T); cos/sin: fp32 P x half (2*half <= d);
-// pos: int32 tokens. Writes qo, ko (same shapes as q, k); dims past 2*half are copied.
+// Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d (T); cos/sin: fp32 npos x half (2*half <= d);
+// pos: int32 tokens. Writes qo, ko (same shapes as q, k); dims past 2*half are copied. inverse: rotate by -angle
+// (the backward). A token whose position is outside [0, npos) gets NaN rows (the table is never read out of bounds).
 cudaError_t rope_fwd(const void* q, const void* k, void* qo, void* ko, const float* cos, const float* sin,
                      const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half,
-                     int dtype, cudaStream_t stream);
+                     int64_t npos, bool inverse, int dtype, cudaStream_t stream);
+
+// Backward of gelu_fwd: dx = grad * gelu'(x + bias) (grad, x, dx rows x n; bias may be null).
+cudaError_t gelu_bwd(const void* grad, const void* x, const void* bias, void* dx, int64_t rows, int64_t n,
+                     bool tanh_approx, int dtype, cudaStream_t stream);
+
+// Backward of geglu_fwd: grad rows x n, x rows x 2n -> dx rows x 2n ([d input | d gate]).
+cudaError_t geglu_bwd(const void* grad, const void* x, void* dx, int64_t rows, int64_t n, bool tanh_approx,
+                      int dtype, cudaStream_t stream);
 
 // out = weight + scale * lora_b @ lora_a: weight, out (n_out x n_in) in T; lora_a (rank x n_in) and
 // lora_b (n_out x rank) in fp32. out may alias weight (in-place merge).

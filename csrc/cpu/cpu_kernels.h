@@ -18,10 +18,21 @@ void gelu_fwd(const float* x, const float* bias, float* out, int64_t rows, int64
 // itself with ldo = 2n (in place, over the input halves).
 void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, int64_t ldo, bool tanh_approx);
 
-// Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d; cos/sin: P x half (rotary dim 2*half <= d);
-// pos: tokens (int32). Writes qo, ko (same shapes); dims past 2*half are copied.
-void rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
-              const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half);
+// Rotate-half RoPE. q: tokens x hq x d, k: tokens x hk x d; cos/sin: npos x half (rotary dim 2*half <= d);
+// pos: tokens (int32). Writes qo, ko (same shapes); dims past 2*half are copied. inverse rotates by -angle (the
+// backward). Returns how many tokens have a position outside [0, npos) (their rows are NaN; the table is not read).
+int64_t rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
+                 const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half, int64_t npos,
+                 bool inverse);
+
+// Backward of gelu_fwd: dx = grad * gelu'(x + bias); dbias (n, fp32, may be null when bias is) = sum of dx over
+// rows. Backward of geglu_fwd: x rows x 2n, grad rows x n -> dx rows x 2n (input half, gate half).
+void gelu_bwd(const float* grad, const float* x, const float* bias, float* dx, float* dbias, int64_t rows, int64_t n,
+              bool tanh_approx);
+void gelu_bwd_bf16(const uint16_t* grad, const uint16_t* x, const uint16_t* bias, uint16_t* dx, float* dbias,
+                   int64_t rows, int64_t n, bool tanh_approx);
+void geglu_bwd(const float* grad, const float* x, float* dx, int64_t rows, int64_t n, bool tanh_approx);
+void geglu_bwd_bf16(const uint16_t* grad, const uint16_t* x, uint16_t* dx, int64_t rows, int64_t n, bool tanh_approx);
 
 // bf16 storage variants (raw bits) of the three above: fp32 math, one rounding per stored value; h = x + xb + r is
 // rounded to bf16 and normalized from the rounded value.

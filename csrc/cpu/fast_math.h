@@ -56,15 +56,16 @@ FASTENC_INLINE float fm_gelu_erf(float x) {
   p = p * t - 0.284496736f;
   p = p * t + 0.254829592f;
   const float half_erfc = 0.5f * t * p * fm_exp_core(-z * z);
-  // below -13 GELU is -0 to within 1e-37 (and -inf gives -0, its limit, not -inf * tiny); NaN stays NaN
-  return x < -13.0f ? -0.0f : x * (x > 0.f ? 1.0f - half_erfc : half_erfc);
+  // below -13 GELU is -0 to within 1e-37: x * 0 gives -0 there and NaN at -inf, as torch's F.gelu(-inf) (which
+  // computes -inf * 0); NaN stays NaN
+  return x < -13.0f ? x * 0.0f : x * (x > 0.f ? 1.0f - half_erfc : half_erfc);
 }
 
 // tanh GELU: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); since 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}),
 // gelu = x / (1 + exp(-2u)) (fm_exp clamps its argument; below x = -13 the result is -0).
 FASTENC_INLINE float fm_gelu_tanh(float x) {
   const float u2 = 1.59576912160573071f * (x + 0.044715f * x * x * x);
-  return x < -13.0f ? -0.0f : x / (1.0f + fm_exp(-u2));  // -inf -> -0, its limit
+  return x < -13.0f ? x * 0.0f : x / (1.0f + fm_exp(-u2));  // -inf -> NaN, as torch's F.gelu
 }
 
 }  // namespace fastenc_cpu

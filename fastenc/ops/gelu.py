@@ -1,23 +1,35 @@
 """fastenc.ops.gelu: GELU (exact erf or tanh form) with an optional fused bias add, optionally into `out` (which
-may be x itself: in place)."""
+may be x itself: in place); backward dx = grad * gelu'(x + bias), dbias = dx summed over rows."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from fastenc import extension, registry
+from fastenc import registry
 from fastenc.ops import _backends
 from fastenc.ops._common import as_shape, needs_grad, check_approximate, check_float, check_like, check_out, rows_view
 from fastenc.ops._library import custom_op
 from fastenc.reference.gelu import gelu_bwd_ref, gelu_ref
 
 OP = "gelu"
+OP_OUT = "gelu_out"
 OP_BWD = "gelu_bwd"
 
 
 def _reference(x, bias, approximate):
     return gelu_ref(x, bias, approximate)
+
+
+def _reference_out(x, bias, approximate, out):
+    out.copy_(gelu_ref(x, bias, approximate))
+
+
+def _copy_into(fn):
+    """A backend without an in-place kernel: compute, then copy once into `out`."""
+    def call(x, bias, approximate, out):
+        out.copy_(fn(x, bias, approximate))
+    return call
 
 
 @custom_op("fastenc::gelu", mutates_args=())
@@ -33,14 +45,8 @@ def _(x, bias, approximate, backend):
 @custom_op("fastenc::gelu_out", mutates_args=("out",))
 def _gelu_out_op(x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str, backend: str,
                  out: torch.Tensor) -> None:
-    """The same into `out` (may be x): the cpu and triton kernels write it directly, others copy once."""
-    if backend == "cpu":
-        extension.load().gelu_out(x, bias, approximate, out)
-    elif backend == "triton":
-        from fastenc.kernels.gelu import gelu_fwd
-        gelu_fwd(x, bias, approximate, out=out)
-    else:
-        out.copy_(registry.impl(OP, backend).fn(x, bias, approximate))
+    """The same into `out` (may be x); each backend's way of writing it is its registry entry for gelu_out."""
+    registry.impl(OP_OUT, backend).fn(x, bias, approximate, out)
 
 
 @_gelu_out_op.register_fake
@@ -53,26 +59,39 @@ _backends.triton(OP, "fastenc.kernels.gelu", "gelu_fwd")
 _backends.cpu(OP, "gelu")
 _backends.cuda(OP, "gelu_cuda")
 
+_backends.reference(OP_OUT, _reference_out)
+_backends.triton(OP_OUT, "fastenc.kernels.gelu", "gelu_out")
+_backends.cpu(OP_OUT, "gelu_out")
+_backends.cuda(OP_OUT, "gelu_cuda", wrap=_copy_into)
+
 
 # ---- backward: dx = grad * gelu'(x + bias), dbias = sum over rows of dx; recomputed from x (nothing saved but x)
 
 def _reference_bwd(grad, x, bias, approximate):
-    """grad, x: (rows, N) contiguous; bias: (N,) or None -> dx (rows, N) in x's dtype."""
-    return gelu_bwd_ref(grad, x, bias, approximate)
+    """grad, x: (rows, N) contiguous; bias: (N,) or None -> (dx (rows, N), dbias (N,) or empty) in x's dtype;
+    dbias sums the fp32 dx (before rounding), as the kernels do."""
+    d32 = gelu_bwd_ref(grad.float(), x.float(), None if bias is None else bias.float(), approximate)
+    return d32.to(x.dtype), (x.new_empty(0) if bias is None else d32.sum(0).to(x.dtype))
 
 
 @custom_op("fastenc::gelu_bwd", mutates_args=())
 def _gelu_bwd_op(grad: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str,
-                 backend: str) -> torch.Tensor:
+                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
+        raise ValueError(f"{OP}: grad must match x ({tuple(x.shape)}, {x.dtype}, {x.device}), got "
+                         f"({tuple(grad.shape)}, {grad.dtype}, {grad.device})")
     return registry.impl(OP_BWD, backend).fn(grad, x, bias, approximate)
 
 
 @_gelu_bwd_op.register_fake
 def _(grad, x, bias, approximate, backend):
-    return torch.empty_like(x)
+    return torch.empty_like(x), (x.new_empty(x.shape[-1]) if bias is not None else x.new_empty(0))
 
 
 _backends.reference(OP_BWD, _reference_bwd)
+_backends.triton(OP_BWD, "fastenc.kernels.gelu", "gelu_bwd")
+_backends.cpu(OP_BWD, "gelu_bwd")
+_backends.cuda(OP_BWD, "gelu_bwd_cuda")
 
 
 def _setup_context(ctx, inputs, output):
@@ -88,9 +107,8 @@ def _backward(ctx, grad):
         return None, None, None, None
     grad = grad.contiguous()
     impl = registry.select_backward(OP_BWD, {"grad": grad, "x": x, "bias": bias}, ctx.backend)
-    dx = _gelu_bwd_op(grad, x, bias, ctx.approximate, impl.backend)
-    dbias = dx.sum(0, dtype=torch.float32).to(bias.dtype) if need_bias else None
-    return (dx if need_x else None), dbias, None, None
+    dx, dbias = _gelu_bwd_op(grad, x, bias, ctx.approximate, impl.backend)  # dbias: empty without bias
+    return (dx if need_x else None), (dbias if need_bias else None), None, None
 
 
 _gelu_op.register_autograd(_backward, _setup_context)
@@ -100,8 +118,11 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
          backend: str | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """gelu(x + bias). x: (..., N) fp32/fp16/bf16; bias: (N,) same dtype; approximate: 'none' | 'tanh'.
 
+    gelu(+inf) = +inf, gelu(-inf) = NaN and NaN -> NaN on every backend, as torch's F.gelu.
     out: written and returned instead of a new tensor; x's shape and dtype, contiguous; may be x itself (in place,
-    e.g. over the GEMM output the activation consumes), must not otherwise overlap x.
+    e.g. over the GEMM output the activation consumes), must not otherwise overlap x. An inference form: refused
+    when x or bias requires grad.
+    Differentiable in x and bias (backward on the forward's backend when it has one).
     """
     check_float("x", OP, x)
     approximate = check_approximate(OP, approximate)
@@ -114,14 +135,14 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
         x = x.reshape(1)
     n = x.shape[-1]
     check_like("bias", OP, bias, x, shape=(n,))
+    if out is not None and needs_grad(x, bias):
+        raise ValueError(f"{OP}: out= is an inference form; it cannot be used when x or bias requires grad")
     if x.numel() == 0:
         return x.new_empty(shape) if out is None else out
     x2 = rows_view(x, n)
     impl = registry.select(OP, {"x": x2, "bias": bias}, backend)
     b = None if bias is None else bias.contiguous()
     if needs_grad(x, bias):
-        if out is not None:
-            raise ValueError(f"{OP}: out= is an inference form; it cannot be used when x or bias requires grad")
         registry.select_backward(OP_BWD, {"grad": x2, "x": x2, "bias": b}, impl.backend)  # fails before the forward
     if out is None:
         return as_shape(_gelu_op(x2, b, approximate, impl.backend), shape)

@@ -98,3 +98,36 @@ def test_geglu_into_out(backend, dtype, inplace):
     got = fastenc.ops.geglu(src, backend=backend, out=target)
     assert got.data_ptr() == target.data_ptr() and got.shape == ref.shape
     testing.assert_close(target, ref, lowp, extra=testing.interpreter_extra(backend, dtype, ref))
+
+
+def test_geglu_out_dispatch_is_the_registry():
+    """geglu(out=) runs the registry's geglu_out implementation of the chosen backend (no backend rules in the op)."""
+    from fastenc import registry
+
+    assert set(registry.impls("geglu_out")) == set(registry.impls("geglu"))
+    calls = []
+    impl = registry.impl("geglu_out", "reference")
+    spy = registry.Impl(**{**impl.__dict__, "fn": lambda *a: (calls.append(a), impl.fn(*a))[1]})
+    registry.register(spy)
+    try:
+        x, out = testing.randn(3, 768), torch.empty(3, 384)
+        fastenc.ops.geglu(x, backend="reference", out=out)
+    finally:
+        registry.register(impl)
+    assert len(calls) == 1 and calls[0][2].data_ptr() == out.data_ptr()
+    testing.assert_close(out, geglu_ref(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_geglu_misaligned(backend, dtype):
+    """N = 1001 (2N = 2002) and storage-offset-1 views of x and out: no aligned-vector assumption."""
+    dev = testing.device_for(backend)
+    x = testing.randn(3 * 2002 + 1, dtype=dtype, device=dev, scale=2.0)[1:].view(3, 2002)
+    assert x.storage_offset() == 1
+    _check(backend, x, "none")
+    out = testing.poison(torch.empty(3 * 1001 + 1, dtype=dtype, device=dev))[1:].view(3, 1001)
+    fastenc.ops.geglu(x, approximate="tanh", backend=backend, out=out)
+    ref = geglu_ref(x, "tanh")
+    testing.assert_close(out, ref, geglu_ref(x, "tanh", upcast=False) if dtype != torch.float32 else None,
+                         extra=testing.interpreter_extra(backend, dtype, ref))

@@ -127,8 +127,69 @@ def test_gelu_into_out(backend, dtype, inplace):
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not available")
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_cpu_gelu_limits(approximate):
-    """The CPU kernel's tail cut (x < -13 -> -0) gives GELU's limits at the infinities; NaN stays NaN."""
+    """The CPU kernel's tail cut (x < -13 -> -0) near the infinities; -inf gives NaN as torch's F.gelu, NaN stays NaN."""
     x = torch.tensor([[float("-inf"), -1e30, -13.5, -12.9, float("inf"), 1e30, float("nan")]])
     out = fastenc.ops.gelu(x, approximate=approximate, backend="cpu")
-    assert out[0, :4].abs().max() < 1e-30 and bool(torch.signbit(out[0, 0]))
+    assert out[0, 1:4].abs().max() < 1e-30 and bool(torch.signbit(out[0, 1])) and bool(out[0, 0].isnan())
     assert out[0, 4] == float("inf") and out[0, 5] == 1e30 and bool(out[0, 6].isnan())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_gelu_infinities_and_nan_as_torch(backend, approximate, dtype):
+    """gelu(+inf) = +inf, gelu(-inf) = NaN (torch computes -inf * 0), NaN -> NaN: torch's F.gelu, every backend."""
+    dev = testing.device_for(backend)
+    x = torch.tensor([[float("inf"), float("-inf"), float("nan"), -20.0, 2.0]], device=dev, dtype=dtype)
+    want = F.gelu(x.float(), approximate=approximate)
+    assert bool(want[0, 1].isnan()) and want[0, 0] == float("inf")
+    for bias in (None, torch.zeros(5, device=dev, dtype=dtype)):
+        out = fastenc.ops.gelu(x, bias, approximate=approximate, backend=backend).float()
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-2, atol=1e-6)
+    y = fastenc.ops.geglu(torch.cat([x, torch.ones_like(x)], -1), approximate=approximate, backend=backend).float()
+    torch.testing.assert_close(y, want, equal_nan=True, rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gelu_inplace_column(backend):
+    """An (N, 1) tensor torch calls contiguous (its size-1 dim's stride is N) is accepted as out=x."""
+    dev = testing.device_for(backend)
+    x = testing.randn(1, 37, device=dev).t()
+    assert x.is_contiguous() and x.stride() == (1, 37)
+    ref = gelu_ref(x)
+    assert fastenc.ops.gelu(x, backend=backend, out=x) is x
+    testing.assert_close(x, ref)
+
+
+def test_gelu_out_dispatch_is_the_registry():
+    """gelu(out=) runs the registry's gelu_out implementation of the chosen backend (no backend rules in the op)."""
+    from fastenc import registry
+
+    assert set(registry.impls("gelu_out")) == set(registry.impls("gelu"))
+    calls = []
+    impl = registry.impl("gelu_out", "reference")
+    spy = registry.Impl(**{**impl.__dict__, "fn": lambda *a: (calls.append(a), impl.fn(*a))[1]})
+    registry.register(spy)
+    try:
+        x, out = testing.randn(3, 384), torch.empty(3, 384)
+        fastenc.ops.gelu(x, backend="reference", out=out)
+    finally:
+        registry.register(impl)
+    assert len(calls) == 1 and calls[0][3].data_ptr() == out.data_ptr()
+    testing.assert_close(out, gelu_ref(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_gelu_misaligned(backend, dtype):
+    """Width 1001 and storage-offset-1 views of x, bias and out: every backend, no aligned-vector assumption."""
+    dev = testing.device_for(backend)
+    x = testing.randn(3 * 1001 + 1, dtype=dtype, device=dev, scale=3.0)[1:].view(3, 1001)
+    b = testing.randn(1002, dtype=dtype, device=dev)[1:]
+    assert x.storage_offset() == 1 and b.storage_offset() == 1
+    _check(backend, x, b, "none")
+    out = testing.poison(torch.empty(3 * 1001 + 1, dtype=dtype, device=dev))[1:].view(3, 1001)
+    fastenc.ops.gelu(x, b, approximate="tanh", backend=backend, out=out)
+    ref = gelu_ref(x, b, "tanh")
+    testing.assert_close(out, ref, gelu_ref(x, b, "tanh", upcast=False) if dtype != torch.float32 else None,
+                         extra=testing.interpreter_extra(backend, dtype, ref))

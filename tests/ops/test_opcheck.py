@@ -40,6 +40,17 @@ def _samples() -> dict[str, list[dict]]:
             dict(x=r(3, 1000, dtype=torch.bfloat16), bias=None, approximate="tanh"),
         ],
         "geglu": [dict(x=r(5, 768), approximate="none"), dict(x=r(3, 2000, dtype=torch.float16), approximate="tanh")],
+        "gelu_out": [dict(x=r(5, 384), bias=r(384), approximate="none", out=r(5, 384))],
+        "geglu_out": [dict(x=r(5, 768), approximate="tanh", out=r(5, 384))],
+        "gelu_bwd": [
+            dict(grad=r(5, 384), x=r(5, 384), bias=r(384), approximate="none"),
+            dict(grad=r(3, 1000, dtype=torch.bfloat16), x=r(3, 1000, dtype=torch.bfloat16), bias=None,
+                 approximate="tanh"),
+        ],
+        "geglu_bwd": [dict(grad=r(5, 384), x=r(5, 768), approximate="none"),
+                      dict(grad=r(3, 1000, dtype=torch.float16), x=r(3, 2000, dtype=torch.float16), approximate="tanh")],
+        "rope_bwd": [dict(grad_q=r(7, 3, 64), grad_k=r(7, 1, 64), cos=cos, sin=sin,
+                          positions=torch.arange(7, dtype=torch.int32))],
         "rope": [
             dict(q=r(7, 3, 64), k=r(7, 1, 64), cos=cos, sin=sin, positions=torch.arange(7, dtype=torch.int32)),
             dict(q=r(5, 2, 80, dtype=torch.bfloat16), k=r(5, 2, 80, dtype=torch.bfloat16), cos=cos[:, :16],

@@ -158,3 +158,137 @@ def test_triton_writes_every_element(dtype):
     lowp = rope_ref(q, k, cos, sin, pos, upcast=False) if dtype != torch.float32 else (None, None)
     testing.assert_close(qo, ref[0], lowp[0], extra=testing.interpreter_extra("triton", dtype, ref[0]), name="q")
     testing.assert_close(ko, ref[1], lowp[1], extra=testing.interpreter_extra("triton", dtype, ref[1]), name="k")
+
+
+def _count_host_reads(fn):
+    """Run fn, counting tensor-to-host scalar reads (aten._local_scalar_dense: a device sync on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("cpu", "cuda")])
+def test_rope_reads_no_positions_on_host(backend):
+    """int32 position_ids are range-checked by the kernels where they read them, not read back on every call (int64
+    ones too on a GPU; on CPU they are range-checked on the host before narrowing, which costs no sync); cu_seqlens
+    is read once per forward (the same tensor for every layer)."""
+    dev = testing.device_for(backend)
+    cos, sin = rope_cache(64, 64, device=dev)
+    q, k = testing.randn(2, 9, 2, 64, device=dev), testing.randn(2, 9, 2, 64, device=dev)
+    pid = torch.randint(0, 64, (2, 9), device=dev)
+    assert _count_host_reads(lambda: fastenc.ops.rope(q, k, cos, sin, position_ids=pid.int(), backend=backend)) == 0
+    if dev != "cpu":
+        assert _count_host_reads(lambda: fastenc.ops.rope(q, k, cos, sin, position_ids=pid, backend=backend)) == 0
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32, device=dev)
+    q3, k3 = q.reshape(18, 2, 64), k.reshape(18, 2, 64)
+    fastenc.ops.rope(q3, k3, cos, sin, cu_seqlens=cu, backend=backend)  # first layer: validated
+    assert _count_host_reads(lambda: fastenc.ops.rope(q3, k3, cos, sin, cu_seqlens=cu, backend=backend)) == 0
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
+def test_rope_positions_out_of_range_raise_on_cpu(backend):
+    """On CPU a position outside [0, P) raises naming the table; int64 values past 2**31 are not narrowed into range."""
+    cos, sin = rope_cache(64, 16)
+    q, k = testing.randn(1, 3, 2, 64), testing.randn(1, 3, 2, 64)
+    for bad in ([0, 16, 1], [0, -1, 2], [2**32 + 1, 0, 0], [2**31, 1, 1], [-(2**32) + 3, 0, 0]):
+        pid = torch.tensor([bad], dtype=torch.int64)
+        with pytest.raises(ValueError, match=r"rope: positions .* must be in \[0, 16\)"):
+            fastenc.ops.rope(q, k, cos, sin, position_ids=pid, backend=backend)
+    with pytest.raises(ValueError, match=r"must be in \[0, 16\)"):
+        fastenc.ops.rope(q, k, cos, sin, position_ids=torch.tensor([[0, 16, 1]], dtype=torch.int32), backend=backend)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
+def test_rope_cu_seqlens_changed_in_place_after_validation(backend):
+    """cu_seqlens edited through numpy (no version bump) after it was validated: the positions derived from it are
+    checked where the kernels read them, so the table is never read out of bounds."""
+    cos, sin = rope_cache(64, 10)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    q, k = testing.randn(16, 2, 64), testing.randn(16, 1, 64)
+    fastenc.ops.rope(q, k, cos, sin, cu_seqlens=cu, backend=backend)
+    cu.numpy()[1] = 0  # one sequence of 16 > the 10-row table, unseen by the cached validation
+    with pytest.raises(ValueError, match=r"must be in \[0, 10\)"):
+        fastenc.ops.rope(q, k, cos, sin, cu_seqlens=cu, backend=backend)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not available")
+def test_cpu_rope_kernel_checks_positions():
+    """The C++ kernel itself (called directly, no Python-side checks) rejects a position outside the table."""
+    from fastenc import extension
+
+    cos, sin = rope_cache(64, 10)
+    q, k = testing.randn(3, 2, 64), testing.randn(3, 1, 64)
+    for bad in (10, -1, 2**31 - 1):
+        pos = torch.tensor([0, bad, 1], dtype=torch.int32)
+        with pytest.raises(ValueError, match=r"must be in \[0, 10\) \(the cos/sin table\); 1 of 3 tokens are outside"):
+            extension.load().rope(q, k, cos, sin, pos)
+        with pytest.raises(ValueError, match=r"must be in \[0, 10\)"):
+            extension.load().rope_bwd(q, k, cos, sin, pos)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_position_ids_broadcast_batch(backend):
+    """position_ids of shape (1, seq) broadcast over the batch, as transformers does."""
+    dev = testing.device_for(backend)
+    cos, sin = rope_cache(64, 64, device=dev)
+    q, k = testing.randn(3, 7, 2, 64, device=dev), testing.randn(3, 7, 1, 64, device=dev)
+    pid = torch.randint(0, 64, (1, 7), device=dev)
+    got = fastenc.ops.rope(q, k, cos, sin, position_ids=pid, backend=backend)
+    want = fastenc.ops.rope(q, k, cos, sin, position_ids=pid.expand(3, -1).contiguous(), backend=backend)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    _check(backend, q, k, cos, sin, position_ids=pid.expand(3, -1))
+    with pytest.raises(ValueError, match=r"position_ids must have shape \(3, 7\), \(1, seq\) or \(seq,\)"):
+        fastenc.ops.rope(q, k, cos, sin, position_ids=pid.expand(2, -1), backend=backend)
+
+
+def test_rope_position_ids_on_meta():
+    cos, sin = rope_cache(64, 64)
+    q, k = testing.randn(1, 7, 2, 64), testing.randn(1, 7, 2, 64)
+    with pytest.raises(ValueError, match="rope: position_ids must be on q's device cpu, got a meta tensor"):
+        fastenc.ops.rope(q, k, cos, sin, position_ids=torch.zeros(1, 7, dtype=torch.int64, device="meta"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+def test_rope_misaligned(backend, dtype):
+    """Head dim 1001 (rotary 1000 + one passed through) on storage-offset-1 views: no aligned-vector assumption."""
+    dev = testing.device_for(backend)
+    cos, sin = rope_cache(1000, 8, device=dev)
+    q = testing.randn(3 * 2 * 1001 + 1, dtype=dtype, device=dev)[1:].view(3, 2, 1001)
+    k = testing.randn(3 * 1001 + 1, dtype=dtype, device=dev)[1:].view(3, 1, 1001)
+    assert q.storage_offset() == 1 and k.storage_offset() == 1
+    _check(backend, q, k, cos, sin, position_ids=torch.tensor([7, 0, 3], device=dev))
+    cos2, sin2 = rope_cache(64, 16, device=dev)
+    q2 = testing.randn(5 * 64 + 1, dtype=dtype, device=dev)[1:].view(5, 1, 64)
+    _check(backend, q2, q2, cos2, sin2)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not runnable here")
+def test_triton_rope_kernel_masks_out_of_table_positions(monkeypatch):
+    """The GPU contract, checked on the Triton kernel itself (the CPU host check bypassed): a position outside the
+    table never reads it, that token's rows come out NaN, every other token is right."""
+    import fastenc.reference.rope as rope_reference
+    from fastenc.kernels.rope import rope_fwd
+
+    monkeypatch.setattr(rope_reference, "check_positions", lambda positions, rows: None)
+    dev = testing.device_for("triton")
+    cos, sin = rope_cache(64, 8, device=dev)
+    q, k = testing.randn(4, 2, 64, device=dev), testing.randn(4, 1, 64, device=dev)
+    pos = torch.tensor([1, 8, -3, 7], dtype=torch.int32, device=dev)
+    qo, ko = rope_fwd(q, k, cos, sin, pos)
+    good = torch.tensor([0, 3])
+    ref = rope_ref(q[good], k[good], cos, sin, pos[good])
+    testing.assert_close(qo[good], ref[0], name="q")
+    testing.assert_close(ko[good], ref[1], name="k")
+    assert bool(qo[1:3].isnan().all()) and bool(ko[1:3].isnan().all())
