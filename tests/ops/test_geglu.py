@@ -118,8 +118,7 @@ def test_geglu_out_dispatch_is_the_registry():
     testing.assert_close(out, geglu_ref(x))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, testing.DTYPES, _x))
 def test_geglu_misaligned(backend, dtype):
     """N = 1001 (2N = 2002) and storage-offset-1 views of x and out: no aligned-vector assumption."""
     dev = testing.device_for(backend)

@@ -177,7 +177,7 @@ def _count_host_reads(fn):
     return Count.n
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("cpu", "cuda")])
+@pytest.mark.parametrize("backend", [p for p in FP32 if p.values[0] in ("cpu", "cuda")])
 def test_rope_reads_no_positions_on_host(backend):
     """int32 position_ids are range-checked by the kernels where they read them, not read back on every call (int64
     ones too on a GPU; on CPU they are range-checked on the host before narrowing, which costs no sync); cu_seqlens
@@ -195,7 +195,7 @@ def test_rope_reads_no_positions_on_host(backend):
     assert _count_host_reads(lambda: fastenc.ops.rope(q3, k3, cos, sin, cu_seqlens=cu, backend=backend)) == 0
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
+@pytest.mark.parametrize("backend", [p for p in FP32 if p.values[0] != "cuda"])
 def test_rope_positions_out_of_range_raise_on_cpu(backend):
     """On CPU a position outside [0, P) raises naming the table; int64 values past 2**31 are not narrowed into range."""
     cos, sin = rope_cache(64, 16)
@@ -208,7 +208,7 @@ def test_rope_positions_out_of_range_raise_on_cpu(backend):
         fastenc.ops.rope(q, k, cos, sin, position_ids=torch.tensor([[0, 16, 1]], dtype=torch.int32), backend=backend)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
+@pytest.mark.parametrize("backend", [p for p in FP32 if p.values[0] != "cuda"])
 def test_rope_cu_seqlens_changed_in_place_after_validation(backend):
     """cu_seqlens edited through numpy (no version bump) after it was validated: the positions derived from it are
     checked where the kernels read them, so the table is never read out of bounds."""
@@ -236,7 +236,7 @@ def test_cpu_rope_kernel_checks_positions():
             extension.load().rope_bwd(q, k, cos, sin, pos)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", FP32)
 def test_rope_position_ids_broadcast_batch(backend):
     """position_ids of shape (1, seq) broadcast over the batch, as transformers does."""
     dev = testing.device_for(backend)
@@ -259,8 +259,7 @@ def test_rope_position_ids_on_meta():
         fastenc.ops.rope(q, k, cos, sin, position_ids=torch.zeros(1, 7, dtype=torch.int64, device="meta"))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, testing.DTYPES, _qk))
 def test_rope_misaligned(backend, dtype):
     """Head dim 1001 (rotary 1000 + one passed through) on storage-offset-1 views: no aligned-vector assumption."""
     dev = testing.device_for(backend)
