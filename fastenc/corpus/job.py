@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from fastenc.corpus import writers
 from fastenc.corpus.batching import token_budget_batches
-from fastenc.corpus.readers import Record, check_fields, iter_records, iter_texts, resolve_sources
+from fastenc.corpus.readers import BadRowError, Record, check_fields, iter_records, iter_texts, resolve_sources
 
 
 class EmbedInterrupted(KeyboardInterrupt):
@@ -304,6 +304,11 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
                 manifest["shards"].append(entry)
                 writers.save_manifest(wd, manifest)
                 summary.add(entry)
+    except BadRowError:
+        if bar is not None:
+            bar.close()
+        writers.discard(wd)  # the input has to change: nothing of this run can be resumed
+        raise
     except KeyboardInterrupt:
         if bar is not None:
             bar.close()

@@ -103,6 +103,11 @@ def start(out: Path, manifest: dict[str, Any], overwrite: bool) -> Path:
     return wd
 
 
+def discard(wd: Path) -> None:
+    """Remove a work folder whose run cannot be resumed."""
+    _remove(wd)
+
+
 def save_manifest(wd: Path, manifest: dict[str, Any]) -> None:
     _write_atomic(wd / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
 
