@@ -210,7 +210,7 @@ def test_cli_stdin_and_sigterm_resume(tmp_path, texts):
     assert not (tmp_path / "o.npy").exists()
     r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
-    r2 = subprocess.run(cmd[:5] + [str(tmp_path / "w.npy")] + cmd[6:], capture_output=True, text=True, env=env,
+    r2 = subprocess.run(cmd[:6] + [str(tmp_path / "w.npy")] + cmd[7:], capture_output=True, text=True, env=env,
                         timeout=600)
     assert r2.returncode == 0, r2.stderr
     assert (tmp_path / "o.npy").read_bytes() == (tmp_path / "w.npy").read_bytes()
