@@ -130,8 +130,11 @@ def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overw
     manifest = writers.prepare(out, params, False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    threads = max(1, cpus // actors) if not gpus_per_actor else 1
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    threads = max(1, int(cpus) // actors) if not gpus_per_actor else 1
+    # Logical CPUs: the reading tasks keep 0.5 of them (Ray would otherwise hold them back behind the actors,
+    # which take the rest); each actor runs `threads` torch threads whatever its logical share.
+    actor_cpus = max(0.25, (cpus - 0.5) / actors)
     items = [{"path": str(s.path), "fmt": s.fmt, "prefix": s.prefix, "str_ids": str_ids} for s in sources]
     ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
         _read_source, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad},
@@ -142,7 +145,7 @@ def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overw
                         fn_constructor_kwargs={"folder": str(folder), "device": device,
                                                "dtype": str(dtype).replace("torch.", "") if dtype else None,
                                                "threads": threads, "opts": opt_dict},
-                        num_cpus=0 if gpus_per_actor else threads, num_gpus=gpus_per_actor or None)
+                        num_cpus=0 if gpus_per_actor else actor_cpus, num_gpus=gpus_per_actor or None)
     summary = Summary()
     try:
         for table in ds.iter_batches(batch_size=opts.window, batch_format="pyarrow"):

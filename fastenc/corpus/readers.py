@@ -42,6 +42,16 @@ class Source:
     prefix: str         # id prefix ("" for a single file)
 
 
+def parquet():
+    """pyarrow.parquet, or a clear error naming the extra that brings it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("embed: parquet input/output needs pyarrow: pip install pyarrow (or the "
+                          "fastenc[parquet] extra)") from None
+    return pq
+
+
 def _fmt_of(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
@@ -93,8 +103,7 @@ def check_fields(sources: list[Source], text_field: str, id_field: str | None) -
             continue
         name = str(src.path)
         if src.fmt == ".parquet":
-            import pyarrow.parquet as pq
-
+            pq = parquet()
             try:
                 names = pq.ParquetFile(src.path).schema_arrow.names
             except Exception as e:  # noqa: BLE001 (pyarrow raises several types for a corrupt file)
@@ -162,8 +171,7 @@ def _rows(src: Source, text_field: str, id_field: str | None) -> Iterator[tuple[
                 else:
                     yield row.get(id_field) if id_field else None, row[text_field], ""
     else:
-        import pyarrow.parquet as pq
-
+        pq = parquet()
         cols = [text_field] + ([id_field] if id_field and id_field != text_field else [])
         for batch in pq.ParquetFile(src.path).iter_batches(columns=cols, batch_size=4096):
             texts = batch.column(text_field).to_pylist()

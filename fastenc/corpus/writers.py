@@ -121,8 +121,10 @@ def write_shard(wd: Path, fmt: str, index: int, ids: list, emb: np.ndarray, keep
         data[~keep] = np.nan
         _write_atomic(wd / name, lambda p: np.save(open(p, "wb"), data))
     else:
+        from fastenc.corpus.readers import parquet
+
+        pq = parquet()
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         rows = np.flatnonzero(keep)
         kept_ids = [ids[i] for i in rows]
