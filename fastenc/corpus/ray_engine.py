@@ -130,6 +130,8 @@ def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overw
     manifest = writers.prepare(out, params, False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the job prints its own summary
     cpus = float(ray.cluster_resources().get("CPU", 1))
     threads = max(1, int(cpus) // actors) if not gpus_per_actor else 1
     # Logical CPUs: the reading tasks keep 0.5 of them (Ray would otherwise hold them back behind the actors,
