@@ -10,6 +10,7 @@ at the same path on every node. Each actor gets cpus/actors CPU threads (or `gpu
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -170,15 +171,10 @@ def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overw
     except KeyboardInterrupt:
         raise EmbedInterrupted(f"embed: interrupted; the Ray job left {len(manifest['shards'])} shard(s) in "
                                f"{str(wd)!r} (a Ray run restarts: use overwrite=True / --overwrite)") from None
-    except Exception as e:  # a reader's BadRowError arrives wrapped in Ray's task error
-        cause = e
-        while cause is not None and not isinstance(cause, BadRowError):
-            cause = getattr(cause, "cause", None) or cause.__cause__
-        if isinstance(cause, BadRowError):
-            raise BadRowError(str(cause)) from None
-        msg = str(e)
-        if "BadRowError" in msg and "embed: bad row" in msg:
-            raise BadRowError(msg[msg.index("embed: bad row"):].splitlines()[0]) from None
+    except Exception as e:  # a reader's BadRowError arrives wrapped in Ray's task errors, as text
+        found = re.findall(r"embed: bad row \d+ of .*", str(e))
+        if found:
+            raise BadRowError(found[-1].strip()) from None
         raise
     writers.finish(out, wd, ".parquet", manifest, hidden)
     summary.seconds = time.perf_counter() - t0
