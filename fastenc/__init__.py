@@ -24,6 +24,13 @@ def accelerate(hf_model, copy: bool = False):
     return _accelerate(hf_model, copy=copy)
 
 
+def embed(texts_or_path, model=None, **kwargs):
+    """The corpus job: embed texts or files with token-budget batches, optionally into sharded resumable output
+    (see fastenc.corpus.embed for every argument)."""
+    from fastenc.corpus import embed as _embed
+    return _embed(texts_or_path, model, **kwargs)
+
+
 def empty_cache() -> None:
     """Free the CPU buffers fastenc keeps cached for reuse between layers and calls (like torch.cuda.empty_cache);
     buffers of tensors still alive are kept until those are freed. FASTENC_CPU_CACHE=0 disables the cache."""
@@ -31,4 +38,4 @@ def empty_cache() -> None:
     _empty_cache()
 
 
-__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "empty_cache", "__version__"]
+__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "embed", "empty_cache", "__version__"]

@@ -1,4 +1,4 @@
-"""`fastenc info | run | bench | check | build` — the command line."""
+"""`fastenc info | run | embed | bench | check | build` — the command line."""
 from __future__ import annotations
 
 import argparse
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     pb = sub.add_parser("build", help="build the C++ extension now and report (same as info --build)")
     pb.set_defaults(func=lambda a: (setattr(a, "build", True), cmd_info(a))[1])
     # Subcommands owned by their modules: each module exposes add_parser(subparsers) setting `func`.
-    for module in ("fastenc.run", "fastenc.benchmark.cli", "fastenc.check"):
+    for module in ("fastenc.run", "fastenc.corpus.cli", "fastenc.benchmark.cli", "fastenc.check"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ImportError as e:

@@ -1,0 +1,66 @@
+"""The corpus job: files (or texts) in, embeddings out — token-budget batches, sharded resumable writes, and the same
+job on a Ray cluster. `fastenc.embed(...)` and `fastenc embed ...` are its front doors.
+
+  readers.py    streaming .txt/.jsonl/.csv/.parquet/folder/stdin readers, row ids, bad-row policy
+  batching.py   token-budget batches sorted by length within a window
+  writers.py    shards + manifest under <out>.partial, renamed when whole; .parquet folder or one .npy
+  job.py        the in-process engine (and in-memory results)
+  ray_engine.py the same job on Ray Data (map_batches over an actor pool); Ray is imported only there
+  docstrings.py a real-text corpus made offline from the installed Python packages' docstrings
+  cli.py        `fastenc embed`
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ENGINES = ("local", "ray")
+
+
+class EmbedResult(NamedTuple):
+    ids: list            # row ids (see readers.py): positions for a list of texts
+    embeddings: Any      # numpy float32 (rows, hidden), input order
+    summary: Any         # fastenc.corpus.job.Summary
+
+
+def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: str | None = None,
+          normalize: bool | None = None, max_length: int | None = None, max_batch_tokens: int = 16384,
+          max_batch_size: int = 512, window: int = 4096, text_field: str = "text", id_field: str | None = None,
+          on_bad: str = "error", device: str | None = None, dtype=None, resume: bool = False,
+          overwrite: bool = False, progress: bool = False, engine: str = "local", address: str | None = None,
+          actors: int = 1, gpus_per_actor: float = 0.0, stdin_format: str = "txt"):
+    """Embed a corpus.
+
+    texts_or_path: a list/iterable of strings, or a path (str or Path) to a .txt/.jsonl/.csv/.parquet file or a
+      folder of them, '-' for standard input, or a list of Paths.
+    model: a model folder, a fastenc text model with a tokenizer, or None for the embedded all-MiniLM-L6-v2.
+    out: None -> returns EmbedResult(ids, embeddings, summary) in memory; a `.parquet` path (a folder of shards
+      with a manifest) or a `.npy` path (one float32 array, row order = input order, skipped rows NaN) -> writes
+      it incrementally and returns the summary. resume / overwrite: continue an interrupted run / replace output.
+    pooling 'mean'|'cls', normalize, max_length: default to the model folder's sentence-transformers settings.
+    max_batch_tokens: padded tokens per batch; window: texts sorted together (and rows per shard).
+    on_bad: 'error' (default: raise naming the file and row) or 'skip' (count it in the summary).
+    engine: 'local' or 'ray' (Ray Data over `actors` model actors; needs out= a .parquet path).
+    stdin_format: 'txt', 'jsonl' or 'csv' for the input '-'.
+    """
+    from fastenc.corpus.job import Options, embed_in_memory, run
+
+    if engine not in ENGINES:
+        raise ValueError(f"embed: engine must be one of {ENGINES}, got {engine!r}")
+    opts = Options(pooling=pooling, normalize=normalize, max_length=max_length, max_batch_tokens=max_batch_tokens,
+                   max_batch_size=max_batch_size, window=window, text_field=text_field, id_field=id_field,
+                   on_bad=on_bad, progress=progress)
+    if engine == "ray":
+        from fastenc.corpus.ray_engine import run_ray
+
+        if out is None:
+            raise ValueError("embed: engine='ray' writes parquet shards: give out=<folder>.parquet")
+        return run_ray(texts_or_path, out, model, address=address, actors=actors, gpus_per_actor=gpus_per_actor,
+                       device=device, dtype=dtype, overwrite=overwrite, opts=opts)
+    if out is None:
+        if resume or overwrite:
+            raise ValueError("embed: resume and overwrite apply to an output: give out=")
+        return EmbedResult(*embed_in_memory(texts_or_path, model, device=device, dtype=dtype,
+                                            stdin_format="." + stdin_format.lstrip("."), opts=opts))
+    return run(texts_or_path, out, model, device=device, dtype=dtype, resume=resume, overwrite=overwrite,
+               stdin_format="." + stdin_format.lstrip("."), opts=opts)

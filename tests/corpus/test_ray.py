@@ -1,0 +1,62 @@
+"""The corpus job on Ray Data (a local Ray instance, 2 CPUs): same ids and embeddings as the in-process job."""
+import json
+
+import numpy as np
+import pytest
+
+import fastenc
+from fastenc.corpus.readers import BadRowError
+
+ray = pytest.importorskip("ray")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _table(path):
+    t = pq.read_table(path)
+    return t.column("id").to_pylist(), np.stack(t.column("embedding").to_pylist())
+
+
+def test_ray_matches_local_job(tmp_path, texts, ray_local):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n".join(texts[:23]) + "\n")
+    (corpus / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[23:40]))
+    local = fastenc.embed(str(corpus), out=tmp_path / "local.parquet", window=16)
+    s = fastenc.embed(str(corpus), out=tmp_path / "ray.parquet", engine="ray", actors=1, window=16)
+    assert (s.texts, s.skipped) == (local.texts, 0) == (40, 0)
+    assert s.tokens == local.tokens and s.truncated == local.truncated
+    ids_l, emb_l = _table(tmp_path / "local.parquet")
+    ids_r, emb_r = _table(tmp_path / "ray.parquet")
+    assert sorted(ids_r) == sorted(ids_l) == sorted([f"a.txt:{i}" for i in range(23)] + [f"b.jsonl:{i}" for i in range(17)])
+    by_id = dict(zip(ids_l, emb_l))
+    np.testing.assert_allclose(emb_r, np.stack([by_id[i] for i in ids_r]), atol=2e-6, rtol=0)
+
+
+def test_ray_bad_rows(tmp_path, ray_local):
+    path = tmp_path / "in.txt"
+    path.write_text("fine\n\nalso fine\n")
+    with pytest.raises(BadRowError, match="bad row 1 of .*in.txt: empty text"):
+        fastenc.embed(str(path), out=tmp_path / "o.parquet", engine="ray")
+    s = fastenc.embed(str(path), out=tmp_path / "o.parquet", engine="ray", on_bad="skip", overwrite=True)
+    assert (s.texts, s.skipped) == (2, 1)
+    ids, _ = _table(tmp_path / "o.parquet")
+    assert sorted(ids) == [0, 2]
+
+
+def test_ray_argument_errors(tmp_path):
+    (tmp_path / "in.txt").write_text("a\n")
+    with pytest.raises(ValueError, match="out must end in .parquet"):
+        fastenc.embed(str(tmp_path / "in.txt"), out=tmp_path / "o.npy", engine="ray")
+    with pytest.raises(ValueError, match="give out="):
+        fastenc.embed(str(tmp_path / "in.txt"), engine="ray")
+    with pytest.raises(ValueError, match="actors must be a positive int"):
+        fastenc.embed(str(tmp_path / "in.txt"), out=tmp_path / "o.parquet", engine="ray", actors=0)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        fastenc.embed(["a"], engine="spark")
