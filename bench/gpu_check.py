@@ -218,13 +218,13 @@ def build(out_dir: Path) -> int:
     t0 = time.perf_counter()
     info = {"archs": extension.cuda_archs(), "build_dir": str(extension.build_dir())}
     try:
-        mod = extension.load(verbose=False)
+        mod = extension.load_cuda(verbose=False)
         info["built"] = True
         info["has_cuda"] = bool(mod.has_cuda())
     except RuntimeError as e:
         info["built"], info["error"] = False, str(e)
     info["seconds"] = time.perf_counter() - t0
-    info["meta"] = extension.meta()
+    info["meta"] = extension.meta("cuda")
     info["cuda_backend"] = extension.cuda_available() or "available"
     (out_dir / "build.json").write_text(json.dumps(info, indent=1))
     print(json.dumps(info, indent=1))

@@ -35,16 +35,15 @@ def cmd_info(args) -> int:
 
     if getattr(args, "build", False):
         extension.cpu_available()
+        if extension.with_cuda():
+            try:
+                extension.load_cuda()
+            except RuntimeError:
+                pass  # its state below says why
     for k, v in _versions():
         print(f"{k:>14}: {v}")
-    ext = extension.status()
-    if extension.loaded():
-        m = extension.meta() or {}
-        detail = ", ".join(f"{k} {v}" for k, v in m.items() if k in ("torch", "cuda", "archs") and v)
-        print(f"{'C++ extension':>14}: loaded" + (f" (built for {detail})" if detail else ""))
-    else:
-        print(f"{'C++ extension':>14}: " + (ext if ext else
-                                            "not built yet: builds on first use of a cpu/cuda op (or `fastenc build`)"))
+    for kind in extension.HALVES:  # each half of the C++ extension builds, loads and fails on its own
+        print(f"{'C++ ext ' + kind:>14}: {extension.state(kind)}")
     rows = registry.info_table()
     w = max(len(r[0]) for r in rows)
     print()
