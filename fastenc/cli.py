@@ -1,4 +1,5 @@
-"""`fastenc info | run | bench | check | build` — the command line."""
+"""`fastenc info | run | bench | check | build` — the command line. Bad input ends in a one-line error on
+stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_environment() -> str | None:
+    """The reason the environment cannot work (a FASTENC_BACKEND naming no backend), else None."""
+    from fastenc import registry
+
+    try:
+        registry.requested_backends()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    why = check_environment()
+    if why:
+        print(f"fastenc: {why}", file=sys.stderr)
+        return 2
     return args.func(args)
 
 
