@@ -115,7 +115,7 @@ def nvcc_flags() -> list[str]:
 
 def build_dir() -> Path:
     base = os.environ.get("FASTENC_EXT_DIR")
-    key = hashlib.sha1(("%s|%s|%s" % (torch.__version__, sys.version, with_cuda())).encode()).hexdigest()[:10]
+    key = hashlib.sha1(("%s|%s" % (torch.__version__, sys.version)).encode()).hexdigest()[:10]  # halves: subfolders
     d = Path(base) if base else Path.home() / ".cache" / "fastenc" / f"ext-{torch.__version__.replace('+', '_')}-{key}"
     d.mkdir(parents=True, exist_ok=True)
     return d
