@@ -54,6 +54,9 @@ def test_failing_cuda_half_leaves_cpu_backend(monkeypatch, fresh_cuda_half, caps
     with pytest.raises(RuntimeError, match="build failed \\(cuda half\\): .*simulated failure"):
         extension.load_cuda()
     assert "simulated failure" in extension.status("cuda")
+    with monkeypatch.context() as m:  # as on a GPU machine: the cuda backend reports its own half's failure
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        assert "simulated failure" in extension.cuda_available()
     # the cpu half loads (or is already loaded) and serves the cpu backend
     assert extension.cpu_available() is None and extension.status("cpu") is None
     x, w, b = randn(17, 1000, seed=1), randn(1000, seed=2), randn(1000, seed=3)
