@@ -5,7 +5,6 @@ from csrc/ as two modules: `fastenc._C` (bindings.cpp + csrc/cpu/*.cpp) and, whe
 `fastenc._C_cuda` (bindings.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu; architectures from FASTENC_CUDA_ARCHS,
 default "80;90"). A failing CUDA half is reported and skipped: the cpu half is installed either way.
 """
-import glob
 import importlib.util
 import json
 import os

@@ -2,7 +2,6 @@
 package) or a local folder, print a similarity table, check against transformers and compare throughput."""
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
