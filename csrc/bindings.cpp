@@ -1,6 +1,10 @@
 // The one module definition of fastenc's C++ extension: torch-facing wrappers over the raw-pointer kernels
-// in csrc/cpu (C++/OpenMP) and, when built with FASTENC_WITH_CUDA, csrc/<op>/*.cu. Inputs were validated
-// by fastenc.ops; the wrappers re-check what would corrupt memory (device, contiguity, sizes).
+// in csrc/cpu (C++/OpenMP) and csrc/<op>/*.cu. Inputs were validated by fastenc.ops; the wrappers re-check what
+// would corrupt memory (device, contiguity, sizes).
+// Compiled twice, into two modules that load and fail independently (fastenc/extension.py, setup.py):
+//   cpu half  (fastenc_ext_cpu / fastenc._C):       this file without defines + csrc/cpu/*.cpp
+//   cuda half (fastenc_ext_cuda / fastenc._C_cuda): this file with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu
+// so the sections below sit under #ifndef FASTENC_WITH_CUDA (cpu) and #ifdef FASTENC_WITH_CUDA (cuda).
 #include <torch/extension.h>
 
 #include <optional>
@@ -18,6 +22,7 @@ using OptTensor = std::optional<Tensor>;
 
 namespace {
 
+#ifndef FASTENC_WITH_CUDA  // ---- the cpu half: buffer cache and csrc/cpu wrappers
 // ---------------------------------------------------------------- buffer cache (cpu)
 // Outputs of the CPU kernels from fastenc's caching allocator (csrc/cpu/buffer_cache.h): large blocks are reused
 // across layers and calls instead of being faulted in afresh. FASTENC_CPU_CACHE=0 (or set_buffer_cache(false))
@@ -367,6 +372,7 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const OptTensor& bias,
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
+#endif  // !FASTENC_WITH_CUDA (cpu half)
 
 #ifdef FASTENC_WITH_CUDA
 // ---------------------------------------------------------------- CUDA wrappers
@@ -649,9 +655,11 @@ bool has_cuda() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "fastenc C++ extension: CPU (C++/OpenMP) and CUDA kernels";
+  m.doc() = "fastenc C++ extension: CPU (C++/OpenMP) or, built with FASTENC_WITH_CUDA, CUDA kernels";
   m.def("torch_version", &torch_version, "torch version the extension was built against");
   m.def("has_cuda", &has_cuda);
+#ifndef FASTENC_WITH_CUDA
+  // cpu half defs
   m.def("buffer_empty", &buffer_empty, "uninitialized CPU tensor from the buffer cache");
   m.def("buffer_cache_stats", &buffer_cache_stats, "(in use, cached, peak in use, hits, misses): bytes, counts");
   m.def("buffer_cache_release", &fastenc_cpu::cache_release, "free every cached block");
@@ -672,6 +680,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // lora (cpu) defs
   m.def("merge_lora", &merge_lora, "W + scale * B @ A, fp32 accumulation, rounded once");
   m.def("lora_linear", &lora_linear, "x W^T + b + scale (x A^T) B^T via torch GEMMs, fp32");
+#endif  // !FASTENC_WITH_CUDA (cpu half defs)
 #ifdef FASTENC_WITH_CUDA
   // cuda defs
   m.def("layer_norm_cuda", &layer_norm_cuda, "LayerNorm (+residual), CUDA kernel, fp32 statistics");

@@ -1,4 +1,5 @@
-"""`fastenc info | run | embed | bench | check | build` — the command line."""
+"""`fastenc info | run | embed | bench | check | build` — the command line. Bad input ends in a one-line error on
+stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,15 @@ def cmd_info(args) -> int:
 
     if getattr(args, "build", False):
         extension.cpu_available()
+        if extension.with_cuda():
+            try:
+                extension.load_cuda()
+            except RuntimeError:
+                pass  # its state below says why
     for k, v in _versions():
         print(f"{k:>14}: {v}")
-    ext = extension.status()
-    if extension.loaded():
-        m = extension.meta() or {}
-        detail = ", ".join(f"{k} {v}" for k, v in m.items() if k in ("torch", "cuda", "archs") and v)
-        print(f"{'C++ extension':>14}: loaded" + (f" (built for {detail})" if detail else ""))
-    else:
-        print(f"{'C++ extension':>14}: " + (ext if ext else
-                                            "not built yet: builds on first use of a cpu/cuda op (or `fastenc build`)"))
+    for kind in extension.HALVES:  # each half of the C++ extension builds, loads and fails on its own
+        print(f"{'C++ ext ' + kind:>14}: {extension.state(kind)}")
     rows = registry.info_table()
     w = max(len(r[0]) for r in rows)
     print()
@@ -75,8 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_environment() -> str | None:
+    """The reason the environment cannot work (a FASTENC_BACKEND naming no backend), else None."""
+    from fastenc import registry
+
+    try:
+        registry.requested_backends()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    why = check_environment()
+    if why:
+        print(f"fastenc: {why}", file=sys.stderr)
+        return 2
     return args.func(args)
 
 

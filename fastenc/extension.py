@@ -1,11 +1,17 @@
-"""The C++ extension (csrc/): CPU kernels always, CUDA kernels when torch has CUDA.
+"""The C++ extension (csrc/), in two halves that build, load and fail independently:
 
-Loaded in this order at first use, never at import:
-  1. an ahead-of-time build `fastenc._C` (FASTENC_BUILD_EXT=1 pip install ...), if its recorded build
-     metadata matches this torch; a mismatch is reported, not crashed on;
-  2. a JIT build with ninja through torch.utils.cpp_extension.load, cached under
-     $FASTENC_EXT_DIR (default ~/.cache/fastenc/<torch version>), printing what it builds.
-A failed build makes the cpu/cuda backends unavailable with the compiler's message; other backends go on.
+  cpu half  -- csrc/bindings.cpp + csrc/cpu/*.cpp: the cpu backend and the CPU buffer cache;
+  cuda half -- csrc/bindings.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu: the cuda backend (only when torch
+               has CUDA and nvcc exists).
+
+Each half is loaded at its first use, never at import, in this order:
+  1. an ahead-of-time build (`fastenc._C` / `fastenc._C_cuda`, FASTENC_BUILD_EXT=1 pip install ...), if its recorded
+     build metadata matches this torch; a mismatch is reported, not crashed on;
+  2. a JIT build with ninja through torch.utils.cpp_extension.load, cached under $FASTENC_EXT_DIR/<half>
+     (default ~/.cache/fastenc/<torch version>/<half>); "building the C++ extension" is printed only when the
+     sources or flags changed since the cached build (or there is none).
+A failed half makes its own backend unavailable with the compiler's message; the other half and the other
+backends go on.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import importlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -22,9 +29,33 @@ from pathlib import Path
 import torch
 
 _LOCK = threading.Lock()
-_MODULE = None
-_ERROR: str | None = None
 _MAX_ERR = 2000
+HALVES = ("cpu", "cuda")
+
+
+class _Half:
+    """One module of the extension: the module once loaded, else why it cannot load; its build metadata."""
+
+    __slots__ = ("kind", "module", "error", "meta", "arch_error")
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.module = None
+        self.error: str | None = None
+        self.meta: dict | None = None
+        self.arch_error: str | None = None  # cuda half: why this GPU cannot run what was built (None: it can)
+
+
+_CPU = _Half("cpu")
+_CUDA = _Half("cuda")
+_HALF = {"cpu": _CPU, "cuda": _CUDA}
+
+
+def _half(kind: str) -> _Half:
+    try:
+        return _HALF[kind]
+    except KeyError:
+        raise ValueError(f"extension: half must be one of {list(HALVES)}, got {kind!r}") from None
 
 
 def csrc_dir() -> Path:
@@ -50,12 +81,17 @@ def cuda_archs() -> list[str]:
     return [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
 
 
-def sources(cuda: bool | None = None) -> list[str]:
+def sources(kind: str = "cpu") -> list[str]:
+    """The sources of one half: bindings.cpp plus csrc/cpu/*.cpp (cpu) or csrc/<op>/*.cu (cuda)."""
+    _half(kind)
     root = csrc_dir()
-    srcs = [str(root / "bindings.cpp")] + sorted(glob.glob(str(root / "cpu" / "*.cpp")))
-    if with_cuda() if cuda is None else cuda:
-        srcs += sorted(glob.glob(str(root / "*" / "*.cu")))
-    return srcs
+    pattern = root / "cpu" / "*.cpp" if kind == "cpu" else root / "*" / "*.cu"
+    return [str(root / "bindings.cpp")] + sorted(glob.glob(str(pattern)))
+
+
+def define_flags(kind: str) -> list[str]:
+    """The define that selects bindings.cpp's section for a half."""
+    return ["-DFASTENC_WITH_CUDA"] if _half(kind).kind == "cuda" else []
 
 
 def cflags(aot: bool = False) -> list[str]:
@@ -79,20 +115,33 @@ def nvcc_flags() -> list[str]:
 
 def build_dir() -> Path:
     base = os.environ.get("FASTENC_EXT_DIR")
-    key = hashlib.sha1(("%s|%s|%s" % (torch.__version__, sys.version, with_cuda())).encode()).hexdigest()[:10]
+    key = hashlib.sha1(("%s|%s" % (torch.__version__, sys.version)).encode()).hexdigest()[:10]  # halves: subfolders
     d = Path(base) if base else Path.home() / ".cache" / "fastenc" / f"ext-{torch.__version__.replace('+', '_')}-{key}"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
+def half_dir(kind: str) -> Path:
+    """The JIT build folder of one half: build_dir()/cpu or build_dir()/cuda."""
+    d = build_dir() / _half(kind).kind
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 # ---------------------------------------------------------------- build metadata
-# Every build records {torch, cuda, archs} next to its binary (JIT: build_meta.json in the build folder;
-# ahead of time: _C.build_meta.json beside fastenc/_C*.so, written by setup.py). On load a mismatch with the
-# running torch makes the build unusable with the reason; a GPU none of the archs can run makes only the cuda
-# backend unavailable, with the reason.
+# Every build records {torch, cuda, archs} next to its binary (JIT: build_meta.json in the half's build folder;
+# ahead of time: _C.build_meta.json / _C_cuda.build_meta.json beside fastenc/_C*.so, written by setup.py). On load
+# a mismatch with the running torch makes the build unusable with the reason; a GPU none of the archs can run
+# makes only the cuda backend unavailable, with the reason.
 META_FILE = "build_meta.json"
+STAMP_FILE = "build_stamp"
+AOT_MODULES = {"cpu": "fastenc._C", "cuda": "fastenc._C_cuda"}
 AOT_META_FILE = "_C.build_meta.json"
-_META: dict | None = None
+
+
+def aot_meta_file(kind: str) -> str:
+    """Name of the metadata file setup.py writes beside an ahead-of-time half: _C.build_meta.json, ..."""
+    return AOT_MODULES[_half(kind).kind].rpartition(".")[2] + ".build_meta.json"
 
 
 def build_meta(cuda: bool) -> dict:
@@ -137,25 +186,27 @@ def arch_mismatch(archs: list[str], capability: tuple[int, int]) -> str | None:
             f"(set FASTENC_CUDA_ARCHS to include {major}{minor} and rebuild)")
 
 
-def meta() -> dict | None:
-    """Build metadata of the loaded extension (None before it is loaded or when none was recorded)."""
-    return _META
+def meta(kind: str = "cpu") -> dict | None:
+    """Build metadata of a loaded half (None before it is loaded or when none was recorded)."""
+    return _half(kind).meta
 
 
-def _aot_module():
+def _aot_module(kind: str):
+    """(module, None) for a usable ahead-of-time build of the half, (None, why not) for an unusable one,
+    (None, None) when there is none."""
+    name = AOT_MODULES[kind]
     try:
-        mod = importlib.import_module("fastenc._C")
+        mod = importlib.import_module(name)
     except ImportError:
         return None, None
     built = getattr(mod, "torch_version", lambda: "?")()
     if built != torch.__version__.split("+")[0]:
-        return None, f"prebuilt fastenc._C was built for torch {built}, running torch {torch.__version__}"
-    info = _read_meta(Path(mod.__file__).with_name(AOT_META_FILE))
+        return None, f"prebuilt {name} was built for torch {built}, running torch {torch.__version__}"
+    info = _read_meta(Path(mod.__file__).with_name(aot_meta_file(kind)))
     why = meta_mismatch(info)
     if why:
-        return None, f"prebuilt fastenc._C {why}"
-    global _META
-    _META = info
+        return None, f"prebuilt {name} {why}"
+    _half(kind).meta = info
     return mod, None
 
 
@@ -184,92 +235,185 @@ def _compiler_missing() -> str | None:
     return None
 
 
-def loaded() -> bool:
-    return _MODULE is not None
+def build_stamp(kind: str, flags: list[str]) -> str:
+    """Digest of what a JIT build of the half compiles: the content of its sources and the headers they can
+    include, the flags, torch, Python and the compiler named by CXX."""
+    root = csrc_dir()
+    if kind == "cpu":
+        files = [root / "bindings.cpp", *root.glob("cpu/*"), *root.glob("common/*")]
+    else:
+        files = [f for f in root.rglob("*") if f.is_file()]
+    h = hashlib.sha1(repr((torch.__version__, sys.version, flags, os.environ.get("CXX", ""))).encode())
+    for f in sorted(set(files)):
+        if f.is_file():
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
-def status() -> str | None:
-    """Cheap: None if the extension is loaded or could be built, else the reason it cannot."""
-    if _MODULE is not None:
-        return None
-    if _ERROR is not None:
-        return _ERROR
-    return _compiler_missing()
+def ninja_up_to_date(d: Path) -> bool:
+    """True when ninja, asked for a dry run of folder d's build.ninja, has nothing to do."""
+    ninja = shutil.which("ninja")
+    if ninja is None or not (d / "build.ninja").is_file():
+        return False
+    try:
+        p = subprocess.run([ninja, "-n", "-C", str(d)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return p.returncode == 0 and "no work to do" in p.stdout
+
+
+def is_cached(d: Path, name: str, stamp: str) -> bool:
+    """True when folder d holds the built module `name`, made from sources and flags with this `stamp`, and ninja
+    finds nothing to rebuild (then loading it compiles nothing)."""
+    try:
+        if not (d / f"{name}.so").is_file() or (d / STAMP_FILE).read_text().strip() != stamp:
+            return False
+    except OSError:
+        return False
+    return ninja_up_to_date(d)
+
+
+def _jit_build(kind: str, verbose: bool | None):
+    """Build (or load the cached build of) one half with ninja; RuntimeError with the compiler's message."""
+    from torch.utils.cpp_extension import load as _load
+
+    cuda = kind == "cuda"
+    d = half_dir(kind)
+    _clear_stale_build(d)
+    srcs = sources(kind)
+    name = f"fastenc_ext_{kind}"
+    flags = cflags() + define_flags(kind)
+    cuda_flags = nvcc_flags() if cuda else None
+    stamp = build_stamp(kind, flags + (cuda_flags or []))
+    cached = is_cached(d, name, stamp)
+    if not cached:
+        what = "cuda for " + ", ".join(f"sm_{a}" for a in cuda_archs()) if cuda else "cpu"
+        print(f"fastenc: building the C++ extension ({what}, {len(srcs)} sources) in {d} ...",
+              file=sys.stderr, flush=True)
+    try:
+        mod = _load(
+            name=name,
+            sources=srcs,
+            extra_cflags=flags,
+            extra_cuda_cflags=cuda_flags,
+            extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(csrc_dir() / "common"), str(csrc_dir())],
+            build_directory=str(d),
+            verbose=bool(verbose) if verbose is not None else os.environ.get("FASTENC_VERBOSE_BUILD") == "1",
+        )
+    except Exception as e:  # the compiler's message becomes the backend's reason
+        msg = str(e).strip()
+        errors = [ln for ln in msg.splitlines() if "error" in ln.lower()]
+        msg = "\n".join(errors[:5]) if errors else msg
+        raise RuntimeError(f"C++ extension build failed ({kind} half): " + msg[:_MAX_ERR]) from None
+    _half(kind).meta = build_meta(cuda)
+    try:
+        (d / META_FILE).write_text(json.dumps(_half(kind).meta, indent=1) + "\n")
+        (d / STAMP_FILE).write_text(stamp + "\n")
+    except OSError:
+        pass
+    if not cached:
+        print(f"fastenc: C++ extension ready ({kind})", file=sys.stderr, flush=True)
+    return mod
+
+
+def _load_half(h: _Half, verbose: bool | None):
+    if h.module is not None:
+        return h.module
+    if h.error is not None:
+        raise RuntimeError(h.error)
+    with _LOCK:
+        if h.module is None and h.error is None:
+            try:
+                h.module = _find_or_build(h.kind, verbose)
+            except RuntimeError as e:
+                h.error = str(e)
+            else:
+                if h.kind == "cuda" and h.meta and h.meta.get("archs") and torch.cuda.is_available():
+                    h.arch_error = arch_mismatch(list(h.meta["archs"]), torch.cuda.get_device_capability())
+        if h.module is None:
+            raise RuntimeError(h.error)
+        return h.module
+
+
+def _find_or_build(kind: str, verbose: bool | None):
+    mod, why = _aot_module(kind)
+    if mod is not None:
+        return mod
+    note = f"; {why}" if why else ""
+    if kind == "cuda" and not with_cuda():
+        raise RuntimeError("torch has no CUDA, nvcc is missing or FASTENC_NO_CUDA_EXT is set" + note)
+    missing = _compiler_missing()
+    if missing:
+        raise RuntimeError(missing + note)
+    return _jit_build(kind, verbose)
 
 
 def load(verbose: bool | None = None):
-    """Return the extension module, building it on first use. Raises RuntimeError with the reason."""
-    global _MODULE, _ERROR, _META
-    if _MODULE is not None:
-        return _MODULE
-    if _ERROR is not None:
-        raise RuntimeError(_ERROR)
-    with _LOCK:
-        if _MODULE is not None:
-            return _MODULE
-        mod, why = _aot_module()
-        if mod is not None:
-            _MODULE = mod
-            return mod
-        missing = _compiler_missing()
-        if missing:
-            _ERROR = missing + (f"; {why}" if why else "")
-            raise RuntimeError(_ERROR)
-        from torch.utils.cpp_extension import load as _load
-        cuda = with_cuda()
-        srcs = sources(cuda)
-        _clear_stale_build(build_dir())
-        what = "cpu+cuda for " + ", ".join(f"sm_{a}" for a in cuda_archs()) if cuda else "cpu"
-        print(f"fastenc: building the C++ extension ({what}, {len(srcs)} sources) "
-              f"in {build_dir()} ...", file=sys.stderr, flush=True)
-        try:
-            _MODULE = _load(
-                name="fastenc_ext",
-                sources=srcs,
-                extra_cflags=cflags() + (["-DFASTENC_WITH_CUDA"] if cuda else []),
-                extra_cuda_cflags=nvcc_flags(),
-                extra_ldflags=["-fopenmp"],
-                extra_include_paths=[str(csrc_dir() / "common"), str(csrc_dir())],
-                build_directory=str(build_dir()),
-                verbose=bool(verbose) if verbose is not None else os.environ.get("FASTENC_VERBOSE_BUILD") == "1",
-            )
-        except Exception as e:  # the compiler's message becomes the backend's reason
-            msg = str(e).strip()
-            errors = [ln for ln in msg.splitlines() if "error" in ln.lower()]
-            msg = "\n".join(errors[:5]) if errors else msg
-            _ERROR = "C++ extension build failed: " + msg[:_MAX_ERR]
-            raise RuntimeError(_ERROR) from None
-        _META = build_meta(cuda)
-        try:
-            (build_dir() / META_FILE).write_text(json.dumps(_META, indent=1) + "\n")
-        except OSError:
-            pass
-        print("fastenc: C++ extension ready", file=sys.stderr, flush=True)
-        return _MODULE
+    """The cpu half (CPU kernels, buffer cache), built on first use. Raises RuntimeError with the reason."""
+    if _CPU.module is not None:
+        return _CPU.module
+    return _load_half(_CPU, verbose)
+
+
+def load_cuda(verbose: bool | None = None):
+    """The cuda half (CUDA kernels), built on first use. Raises RuntimeError with the reason."""
+    if _CUDA.module is not None:
+        return _CUDA.module
+    return _load_half(_CUDA, verbose)
+
+
+def loaded(kind: str = "cpu") -> bool:
+    return _half(kind).module is not None
+
+
+def status(kind: str = "cpu") -> str | None:
+    """Cheap (builds nothing): None if the half is loaded and usable or could be built, else the reason not."""
+    h = _half(kind)
+    if h.module is not None:
+        return h.arch_error
+    if h.error is not None:
+        return h.error
+    if kind == "cuda" and not with_cuda():
+        return "torch has no CUDA, nvcc is missing or FASTENC_NO_CUDA_EXT is set"
+    return _compiler_missing()
+
+
+def state(kind: str) -> str:
+    """One line on a half for `fastenc info`: loaded (and what for), not built yet, or unavailable and why."""
+    h = _half(kind)
+    if h.module is not None:
+        m = h.meta or {}
+        detail = ", ".join(f"{k} {v}" for k, v in m.items() if k in ("torch", "cuda", "archs") and v)
+        return ("loaded" + (f" (built for {detail})" if detail else "")
+                + (f"; unusable on this GPU: {h.arch_error}" if h.arch_error else ""))
+    why = status(kind)
+    if why:
+        return "unavailable: " + " / ".join(ln.strip() for ln in why.splitlines() if ln.strip())
+    return f"not built yet: builds on first use of a {kind} op (or `fastenc build`)"
 
 
 def cpu_available() -> str | None:
-    """Availability for the cpu backend at dispatch: builds the extension on first use."""
+    """Availability for the cpu backend at dispatch: builds the cpu half on first use."""
+    if _CPU.module is not None:
+        return None
     try:
-        load()
+        _load_half(_CPU, None)
     except RuntimeError as e:
         return str(e)
     return None
 
 
 def cuda_available() -> str | None:
+    """Availability for the cuda backend at dispatch: builds the cuda half on first use."""
     if not torch.cuda.is_available():
         return "no CUDA device"
-    if not with_cuda():
-        return "torch has no CUDA or nvcc is missing"
-    why = cpu_available()
-    if why:
-        return why
-    if not getattr(_MODULE, "has_cuda", lambda: False)():
-        return "extension was built without CUDA kernels"
-    if _META and _META.get("archs"):
-        return arch_mismatch(list(_META["archs"]), torch.cuda.get_device_capability())
-    return None
+    if _CUDA.module is None:
+        try:
+            _load_half(_CUDA, None)
+        except RuntimeError as e:
+            return str(e)
+    return _CUDA.arch_error
 
 
 # ---------------------------------------------------------------- CPU buffer cache
@@ -280,25 +424,26 @@ def cuda_available() -> str | None:
 def buffer_empty(shape, like: torch.Tensor) -> torch.Tensor | None:
     """An uninitialized CPU tensor of `shape` with like's dtype from the cache; None when the extension is not
     loaded (nothing is built for it), the cache is off, or while torch.compile traces."""
-    if _MODULE is None or torch.compiler.is_compiling():
+    mod = _CPU.module
+    if mod is None or torch.compiler.is_compiling():
         return None
-    if not _MODULE.buffer_cache_enabled():
+    if not mod.buffer_cache_enabled():
         return None
-    return _MODULE.buffer_empty(list(shape), like)
+    return mod.buffer_empty(list(shape), like)
 
 
 def empty_cache() -> None:
     """Free the cached (not in use) CPU buffers; tensors still alive keep theirs until they are freed."""
-    if _MODULE is not None:
-        _MODULE.buffer_cache_release()
+    if _CPU.module is not None:
+        _CPU.module.buffer_cache_release()
 
 
 def buffer_cache_stats() -> dict:
     """Bytes in use and cached, peak bytes in use, hits and misses of the CPU buffer cache (zeros before load)."""
     keys = ("in_use_bytes", "cached_bytes", "peak_in_use_bytes", "hits", "misses")
-    if _MODULE is None:
+    if _CPU.module is None:
         return dict.fromkeys(keys, 0)
-    return dict(zip(keys, _MODULE.buffer_cache_stats()))
+    return dict(zip(keys, _CPU.module.buffer_cache_stats()))
 
 
 def set_buffer_cache(enabled: bool) -> None:

@@ -450,13 +450,3 @@ class LoraMixin:
             return super().__call__(*args, **kwargs)
         with self.use_adapter(adapter):
             return super().__call__(*args, **kwargs)
-
-
-def load_lora(model, source, merge: bool = True, adapter_name: str | None = None,
-              peft_adapter: str | None = None) -> str:
-    """Function form of `model.load_lora` for any fastenc model (see LoraMixin.load_lora)."""
-    return LoraMixin.load_lora(model, source, merge=merge, adapter_name=adapter_name, peft_adapter=peft_adapter)
-
-
-def unmerge_lora(model) -> None:
-    LoraMixin.unmerge_lora(model)

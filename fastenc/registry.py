@@ -181,6 +181,20 @@ def _requested(backend: str | Sequence[str] | None) -> tuple[tuple[str, ...] | N
     return None, ""
 
 
+def requested_backends() -> tuple[str, ...] | None:
+    """The backend choice in force (use_backend, else FASTENC_BACKEND), None for automatic selection; ValueError
+    naming FASTENC_BACKEND when it names no backend."""
+    return _requested(None)[0]
+
+
+def backend_allowed(backend: str) -> bool:
+    """Whether the backend choice in force for this call (use_backend, else FASTENC_BACKEND) admits `backend`;
+    True under automatic selection. Layers ask this before using a backend's own resources (the cpu backend's
+    buffer cache), so under use_backend("reference") nothing of the other backends runs."""
+    wanted, _ = _requested(None)
+    return wanted is None or backend in wanted
+
+
 def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | None = None) -> Impl:
     """Pick the implementation of `op` for `inputs` (see module docstring for the order)."""
     wanted, source = _requested(backend)

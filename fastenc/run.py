@@ -2,7 +2,6 @@
 package) or a local folder, print a similarity table, check against transformers and compare throughput."""
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -61,6 +60,12 @@ def _read_texts(path: str | None) -> list[str]:
     if not texts:
         raise SystemExit(f"fastenc run: --texts file {p} has no non-empty lines")
     return texts
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0]}" if msg else type(e).__name__
 
 
 def _short(s: str, n: int = 27) -> str:
@@ -141,8 +146,14 @@ def main(args) -> int:
     import torch
 
     import fastenc
+    from fastenc import registry
     from fastenc.models.base import make_batches
 
+    if args.backend:
+        try:
+            registry._parse_backends(args.backend, "--backend")
+        except ValueError as e:
+            raise SystemExit(f"fastenc run: {e}") from None
     folder = Path(args.model) if args.model else _default_model()
     if args.batch_size < 1:
         raise SystemExit(f"fastenc run: --batch-size must be >= 1, got {args.batch_size}")
@@ -162,6 +173,8 @@ def main(args) -> int:
         model = fastenc.from_pretrained(folder, device=device, dtype=dtype)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"fastenc run: {e}") from None
+    except Exception as e:  # tokenizers and safetensors raise their own types on a malformed file
+        raise SystemExit(f"fastenc run: cannot load the model in {folder}: {_one_line(e)}") from None
     if model.tokenizer is None:
         raise SystemExit(f"fastenc run: {folder} has no tokenizer.json")
     cfg = model.config
@@ -176,7 +189,10 @@ def main(args) -> int:
           f"pooling {pooling}{' + L2 normalize' if normalize else ''}, backend {args.backend or 'auto'}, "
           f"{torch.get_num_threads()} threads")
 
-    seqs = model._tokenize(texts, max_len)
+    try:
+        seqs = model._tokenize(texts, max_len)
+    except Exception as e:  # a tokenizer.json that loads but cannot encode
+        raise SystemExit(f"fastenc run: the tokenizer of {folder} failed: {_one_line(e)}") from None
     progress = len(seqs) > 8 * args.batch_size
     with ctx:
         emb = model.encode(seqs, batch_size=args.batch_size, pooling=pooling, normalize=normalize,
@@ -186,6 +202,7 @@ def main(args) -> int:
         print(_similarity_table(texts, emb))
 
         hf = None
+        mismatch = False
         if not args.no_check:
             try:
                 from transformers import AutoModel
@@ -200,8 +217,9 @@ def main(args) -> int:
                 diff = float((emb.float() - ref.float()).abs().max())
                 cos = float(torch.nn.functional.cosine_similarity(emb.float(), ref.float()).min())
                 tol = 1e-4 if dtype == torch.float32 else 2e-2
+                mismatch = not diff <= tol  # (NaN is a mismatch)
                 print(f"\ncheck      vs transformers (sdpa): max abs difference {diff:.2e}, min cosine {cos:.6f} "
-                      f"[{'ok' if diff <= tol else 'MISMATCH'}]")
+                      f"[{'MISMATCH' if mismatch else 'ok'}]")
 
         if args.bench_size > 0:
             work = [seqs[i % len(seqs)] for i in range(args.bench_size)]
@@ -222,6 +240,10 @@ def main(args) -> int:
                 ratios = [h / f for f, h in zip(times["fastenc"], times["transformers (sdpa)"])]
                 spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f}x)" if len(ratios) > 1 else ""
                 print(f"  speedup {_median(ratios):.2f}x{spread}")
+    if mismatch:
+        print(f"fastenc run: the embeddings differ from transformers' by {diff:.2e} (tolerance {tol:.0e})",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -328,7 +328,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         call = lambda be: (lambda: ops.merge_lora(w, a, bb, 2.0, backend=be))  # noqa: E731
         sel = {"weight": w, "lora_a": a, "lora_b": bb}
         others["torch-eager"] = lambda: torch.addmm(w, bb, a, alpha=2.0)
-        ref = (reference.merge_lora_ref, w, a, bb, 2.0) if hasattr(reference, "merge_lora_ref") else None
+        ref = (reference.merge_lora_ref, w, a, bb, 2.0)
     elif case.op == "lora_linear":
         o, i, r = d["out"], d["in"], d["r"]
         x = _rand(T, i, device=dev, dtype=dtype, gen=g)
@@ -338,7 +338,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         call = lambda be: (lambda: ops.lora_linear(x, w, bias, a, bb, 2.0, backend=be))  # noqa: E731
         sel = {"x": x, "weight": w, "bias": bias, "lora_a": a, "lora_b": bb}
         others["torch-eager"] = lambda: F.linear(x, w, bias) + 2.0 * F.linear(F.linear(x, a), bb)  # PEFT's unmerged form
-        ref = (reference.lora_linear_ref, x, w, bias, a, bb, 2.0) if hasattr(reference, "lora_linear_ref") else None
+        ref = (reference.lora_linear_ref, x, w, bias, a, bb, 2.0)
     else:
         raise ValueError(f"setup: unknown op {case.op!r}")
 

@@ -407,7 +407,3 @@ def paired_ratio(base_ms: list[float], ms: list[float]) -> float:
     a slow stretch of the machine hits both sides of a pair, so this moves less between runs than the ratio of
     the two medians."""
     return float(statistics.median(b / t for b, t in zip(base_ms, ms)))
-
-
-def threads_default() -> int:
-    return int(os.environ.get("FASTENC_BENCH_THREADS", "0")) or torch.get_num_threads()

@@ -69,10 +69,6 @@ def metadata(device: str, dtype: torch.dtype, quick: bool) -> dict:
             "versions": versions}
 
 
-def _num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _clean(obj):
     """JSON without NaN/Infinity (written as null)."""
     if isinstance(obj, dict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastenc import extension, ops
+from fastenc import extension, ops, registry
 from fastenc.layers.linear import Linear
 
 
@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
             h = self.hidden
             w = self.Wqkv.weight.view(3, h, -1)
             b = self.Wqkv.bias
-            qkv = extension.buffer_empty((3, t, h), x)
+            qkv = extension.buffer_empty((3, t, h), x) if registry.backend_allowed("cpu") else None
             if qkv is None:
                 qkv = x.new_empty(3, t, h)
             for i in range(3):

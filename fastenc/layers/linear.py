@@ -2,8 +2,9 @@
 
 Kept deliberately plain so adapters (LoRA) can be merged into `weight` in place, and so the bias can be left
 out of the GEMM when the next op fuses it (`forward(x, with_bias=False)` then e.g. ops.gelu(y, bias)).
-On CPU the output comes from fastenc's buffer cache (fastenc.extension.buffer_empty) once the extension is loaded,
-so a model's layers reuse the same memory instead of faulting in fresh pages for every GEMM output.
+On CPU the output comes from fastenc's buffer cache (fastenc.extension.buffer_empty) once the extension's cpu half
+is loaded and the registry allows the cpu backend for the call (not under use_backend("reference")), so a model's
+layers reuse the same memory instead of faulting in fresh pages for every GEMM output.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastenc import extension
+from fastenc import extension, registry
 
 
 class Linear(nn.Module):
@@ -28,7 +29,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         w = self.weight
-        if x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu":
+        if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"
+                and registry.backend_allowed("cpu")):
             out = extension.buffer_empty((x.shape[0], self.out_features), x)
             if out is not None:
                 return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)

@@ -8,7 +8,6 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fastenc.models.padding import PackedBatch
 
@@ -178,7 +177,3 @@ class TextEncoderMixin:
             res[torch.tensor(order, device=out.device)] = out
             out = res
         return out
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -46,9 +46,10 @@ def triton(op: str, module: str, name: str, check: Callable[[Mapping[str, Any]],
                                   limits=limits or "CUDA; CPU tensors under TRITON_INTERPRET=1"))
 
 
-def _ext_fn(name: str) -> Callable:
+def _ext_fn(name: str, loader: str = "load") -> Callable:
+    """`name` of the extension half that extension.<loader>() returns (load: cpu, load_cuda: cuda), per call."""
     def call(*args, **kwargs):
-        return getattr(extension.load(), name)(*args, **kwargs)
+        return getattr(getattr(extension, loader)(), name)(*args, **kwargs)
 
     call.__name__ = name
     return call
@@ -66,9 +67,9 @@ def cuda(op: str, name: str, check=None, dtypes=FLOAT_DTYPES, priority: int = 20
         import torch
         if torch.version.cuda is None:
             return "torch has no CUDA"
-        return extension.status()
+        return extension.status("cuda")
 
-    fn = _ext_fn(name)
+    fn = _ext_fn(name, "load_cuda")
     return registry.register(Impl(op=op, backend="cuda", fn=wrap(fn) if wrap else fn, devices=("cuda",), dtypes=dtypes,
                                   priority=priority, available=extension.cuda_available, probe=probe,
                                   check=check, limits=limits))

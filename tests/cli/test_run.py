@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from fastenc import cli
 
@@ -52,3 +53,26 @@ def test_run_bad_arguments(tmp_path):
         cli.main(["run", "--bench-size", "-1"])
     with pytest.raises(SystemExit, match="fastenc run: .* is not a directory"):
         cli.main(["run", "--model", str(tmp_path / "nope"), "--bench-size", "0"])
+
+
+def test_run_mismatch_exits_non_zero(monkeypatch, capsys):
+    from fastenc import run
+
+    real = run._hf_encode
+
+    def off_by_a_little(*args, **kwargs):
+        return real(*args, **kwargs) + 1e-3  # beyond fp32's 1e-4 tolerance
+
+    monkeypatch.setattr(run, "_hf_encode", off_by_a_little)
+    assert cli.main(["run", "--bench-size", "0", "--batch-size", "4", "--device", "cpu"]) == 1
+    cap = capsys.readouterr()
+    assert "[MISMATCH]" in cap.out
+    assert "fastenc run: the embeddings differ from transformers' by 1.0" in cap.err
+
+
+def test_run_nan_is_a_mismatch(monkeypatch, capsys):
+    from fastenc import run
+
+    monkeypatch.setattr(run, "_hf_encode", lambda *a, **k: torch.full((12, 384), float("nan")))
+    assert cli.main(["run", "--bench-size", "0", "--device", "cpu"]) == 1
+    assert "[MISMATCH]" in capsys.readouterr().out

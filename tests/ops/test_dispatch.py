@@ -97,3 +97,68 @@ def test_real_op_dispatches_explicit_reference():
     x = torch.randn(3, 5)
     y = fastenc.ops.gelu(x, backend="reference")
     torch.testing.assert_close(y, torch.nn.functional.gelu(x))
+
+
+def test_backend_allowed_follows_the_choice_in_force(monkeypatch):
+    monkeypatch.delenv("FASTENC_BACKEND", raising=False)
+    assert registry.backend_allowed("cpu") and registry.requested_backends() is None
+    with fastenc.use_backend("reference"):
+        assert not registry.backend_allowed("cpu") and registry.backend_allowed("reference")
+    with fastenc.use_backend("cuda", "cpu"):
+        assert registry.backend_allowed("cpu")
+    monkeypatch.setenv("FASTENC_BACKEND", "reference")
+    assert not registry.backend_allowed("cpu") and registry.requested_backends() == ("reference",)
+    monkeypatch.setenv("FASTENC_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="FASTENC_BACKEND: unknown backend 'bogus'"):
+        registry.backend_allowed("cpu")
+
+
+def _packed_attention_expected(attn, x, lengths):
+    """SelfAttention's output from plain torch: one F.linear for Wqkv, attention_ref per sequence, F.linear for Wo."""
+    from fastenc.reference.attention import attention_ref
+
+    t = x.shape[0]
+    q, k, v = torch.nn.functional.linear(x.double(), attn.Wqkv.weight.double(), attn.Wqkv.bias.double()).view(
+        t, 3, attn.heads, attn.head_dim).unbind(1)
+    outs, start = [], 0
+    for n in lengths:
+        s = slice(start, start + n)
+        outs.append(attention_ref(q[None, s], k[None, s], v[None, s])[0])
+        start += n
+    o = torch.cat(outs).reshape(t, attn.hidden)
+    return torch.nn.functional.linear(o, attn.Wo.weight.double(), attn.Wo.bias.double())
+
+
+@pytest.mark.parametrize("how", ["use_backend", "environment"])
+def test_reference_choice_never_calls_the_extension(monkeypatch, how):
+    """Under use_backend("reference") / FASTENC_BACKEND=reference the layers use no extension resource at all
+    (no buffer from the cpu backend's cache, no load, no build)."""
+    from fastenc import extension
+    from fastenc.layers import Linear
+    from fastenc.layers.attention import SelfAttention
+    from fastenc.testing import assert_close, randn
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the C++ extension was called under the reference backend")
+
+    for name in ("load", "load_cuda", "buffer_empty", "cpu_available", "cuda_available"):
+        monkeypatch.setattr(extension, name, forbidden)
+    monkeypatch.setattr(extension._CPU, "module", type("Forbidden", (), {"__getattr__": forbidden})())
+    hidden, heads, lengths = 384, 6, [1, 17]
+    lin = Linear(hidden, 1000)
+    attn = SelfAttention(hidden, heads)
+    with torch.no_grad():
+        for p in (lin.weight, lin.bias, attn.Wqkv.weight, attn.Wqkv.bias, attn.Wo.weight, attn.Wo.bias):
+            p.copy_(randn(*p.shape, scale=hidden ** -0.5))
+    x = randn(sum(lengths), hidden, seed=4)
+    cu = torch.tensor([0, 1, 18], dtype=torch.int32)
+    if how == "environment":
+        monkeypatch.setenv("FASTENC_BACKEND", "reference")
+        ctx = torch.no_grad()
+    else:
+        ctx = fastenc.use_backend("reference")
+    with ctx, torch.inference_mode():
+        y = lin(x)
+        o = attn(x, cu, max(lengths))
+    assert_close(y, torch.nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double()))
+    assert_close(o, _packed_attention_expected(attn, x, lengths))

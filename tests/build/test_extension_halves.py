@@ -1,0 +1,175 @@
+"""The C++ extension's two halves build, load and fail on their own: a CUDA half that fails to build leaves the
+cpu backend working and `fastenc info` shows each half's state; a cached build loads without a build message;
+setup.py's ahead-of-time build declares the two halves and survives a failing CUDA half."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastenc import cli, extension, ops
+from fastenc.reference.layer_norm import layer_norm_ref
+from fastenc.testing import assert_close, randn
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fresh_cuda_half(monkeypatch):
+    """The cuda half as if never loaded (restored afterwards)."""
+    for attr in ("module", "error", "meta", "arch_error"):
+        monkeypatch.setattr(extension._CUDA, attr, None)
+    return extension._CUDA
+
+
+def test_sources_split_by_half():
+    cpu, cuda = extension.sources("cpu"), extension.sources("cuda")
+    assert Path(cpu[0]).name == Path(cuda[0]).name == "bindings.cpp"
+    assert cpu[1:] and all(Path(s).parent.name == "cpu" and s.endswith(".cpp") for s in cpu[1:])
+    assert cuda[1:] and all(s.endswith(".cu") for s in cuda[1:])
+    assert extension.define_flags("cpu") == [] and extension.define_flags("cuda") == ["-DFASTENC_WITH_CUDA"]
+    with pytest.raises(ValueError, match="half must be one of \\['cpu', 'cuda'\\], got 'tpu'"):
+        extension.sources("tpu")
+
+
+def test_failing_cuda_half_leaves_cpu_backend(monkeypatch, fresh_cuda_half, capsys):
+    import torch.utils.cpp_extension as cpp
+
+    real_load = cpp.load
+
+    def load(name, *args, **kwargs):
+        if name == "fastenc_ext_cuda":  # what torch raises when nvcc fails
+            raise RuntimeError("Error building extension 'fastenc_ext_cuda': nvcc error: simulated failure")
+        return real_load(name, *args, **kwargs)
+
+    monkeypatch.setattr(cpp, "load", load)
+    monkeypatch.setattr(extension, "with_cuda", lambda: True)
+    monkeypatch.setattr(extension, "nvcc_flags", lambda: ["-O3"])
+    with pytest.raises(RuntimeError, match="build failed \\(cuda half\\): .*simulated failure"):
+        extension.load_cuda()
+    assert "simulated failure" in extension.status("cuda")
+    with monkeypatch.context() as m:  # as on a GPU machine: the cuda backend reports its own half's failure
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        assert "simulated failure" in extension.cuda_available()
+    # the cpu half loads (or is already loaded) and serves the cpu backend
+    assert extension.cpu_available() is None and extension.status("cpu") is None
+    x, w, b = randn(17, 1000, seed=1), randn(1000, seed=2), randn(1000, seed=3)
+    y = ops.layer_norm(x, w, b, backend="cpu")
+    assert_close(y, layer_norm_ref(x.double(), w.double(), b.double(), 1e-5))
+    capsys.readouterr()
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "C++ ext cpu: loaded" in out
+    line = next(ln for ln in out.splitlines() if "C++ ext cuda:" in ln)
+    assert "unavailable: C++ extension build failed (cuda half)" in line and "simulated failure" in line
+    status = {r[1]: " ".join(r[2:]) for r in (ln.split() for ln in out.splitlines() if ln.startswith("layer_norm "))}
+    assert status["cpu"].startswith("available")
+    assert ("torch has no CUDA" if torch.version.cuda is None else "simulated failure") in status["cuda"]
+
+
+def test_cached_load_prints_no_build_message():
+    """Two processes load the cpu half from one cache folder: the second compiles nothing and says nothing."""
+    env = dict(os.environ)
+    code = "from fastenc import extension; extension.load(); print('loaded', extension.loaded())"
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1500)
+    assert first.returncode == 0 and "loaded True" in first.stdout, first.stderr
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert second.returncode == 0 and "loaded True" in second.stdout, second.stderr
+    assert "building the C++ extension" not in second.stderr and "extension ready" not in second.stderr, second.stderr
+
+
+def test_build_stamp_follows_sources_and_flags(tmp_path, monkeypatch):
+    src = tmp_path / "csrc"
+    shutil.copytree(extension.csrc_dir(), src)
+    monkeypatch.setattr(extension, "csrc_dir", lambda: src)
+    cpu, cuda = extension.build_stamp("cpu", ["-O3"]), extension.build_stamp("cuda", ["-O3"])
+    d = tmp_path / "build"
+    d.mkdir()
+    assert not extension.is_cached(d, "m", cpu)  # nothing built yet
+    (d / "m.so").write_bytes(b"")
+    (d / extension.STAMP_FILE).write_text(cpu + "\n")
+    assert not extension.is_cached(d, "m", cpu)  # no build.ninja: ninja cannot say it is up to date
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja not on PATH")
+    (d / "a.c").write_text("int a;\n")
+    (d / "build.ninja").write_text("rule cp\n  command = cp $in $out\nbuild a.o: cp a.c\n")
+    assert not extension.is_cached(d, "m", cpu)  # a.o is missing: ninja would build
+    subprocess.run([shutil.which("ninja"), "-C", str(d)], check=True, capture_output=True)
+    assert extension.is_cached(d, "m", cpu)
+    later = (d / "a.o").stat().st_mtime + 10
+    os.utime(d / "a.c", (later, later))  # a source newer than its object (same content): ninja rebuilds
+    assert not extension.is_cached(d, "m", cpu)
+    subprocess.run([shutil.which("ninja"), "-C", str(d)], check=True, capture_output=True)
+    assert not extension.is_cached(d, "m", extension.build_stamp("cpu", ["-O2"]))  # flags changed
+    cu = next(src.glob("*/*.cu"))
+    cu.write_text(cu.read_text() + "\n// changed\n")
+    assert extension.build_stamp("cpu", ["-O3"]) == cpu  # a .cu file is not part of the cpu half
+    assert extension.build_stamp("cuda", ["-O3"]) != cuda
+    hdr = next(src.glob("cpu/*.h"))
+    hdr.write_text(hdr.read_text() + "\n// changed\n")
+    assert not extension.is_cached(d, "m", extension.build_stamp("cpu", ["-O3"]))
+
+
+def _setup_module():
+    spec = importlib.util.spec_from_file_location("_fastenc_setup", ROOT / "setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # not __main__: setup() is not run
+    return mod
+
+
+def test_setup_declares_two_extensions(monkeypatch):
+    import torch.utils.cpp_extension as cpp
+
+    setup_py = _setup_module()
+    cpu_only = setup_py.extensions(cuda=False)
+    assert [e.name for e in cpu_only] == ["fastenc._C"]
+    if cpp.CUDA_HOME is None:  # CUDAExtension only joins paths under it; nothing is compiled here
+        monkeypatch.setattr(cpp, "CUDA_HOME", "/usr/local/cuda")
+    cpu, cuda = setup_py.extensions(cuda=True)
+    assert (cpu.name, cuda.name) == ("fastenc._C", "fastenc._C_cuda")
+    assert not any(s.endswith(".cu") for s in cpu.sources) and "csrc/bindings.cpp" in cpu.sources
+    assert all(s.endswith(".cu") for s in cuda.sources[1:]) and cuda.sources[0] == "csrc/bindings.cpp"
+    assert "-DFASTENC_WITH_CUDA" in cuda.extra_compile_args["cxx"]
+    assert "-DFASTENC_WITH_CUDA" not in cpu.extra_compile_args["cxx"]
+
+
+def test_setup_build_goes_on_without_a_failing_cuda_half(tmp_path, monkeypatch):
+    from setuptools import Distribution, Extension
+    from setuptools.errors import CompileError
+    from torch.utils.cpp_extension import BuildExtension
+
+    setup_py = _setup_module()
+    built = []
+
+    def fake_build(self, ext):
+        built.append((ext.name, self.build_temp))
+        if ext.name.endswith("_cuda"):
+            raise CompileError("nvcc failed with exit status 1")
+        Path(self.get_ext_fullpath(ext.name)).parent.mkdir(parents=True, exist_ok=True)
+        Path(self.get_ext_fullpath(ext.name)).write_bytes(b"")
+
+    monkeypatch.setattr(BuildExtension, "build_extension", fake_build, raising=False)
+    exts = [Extension("fastenc._C", ["csrc/bindings.cpp"]), Extension("fastenc._C_cuda", ["csrc/bindings.cpp"])]
+    cmd = setup_py.build_ext_class()(Distribution({"name": "fastenc", "ext_modules": exts}))
+    cmd.build_lib, cmd.build_temp = str(tmp_path / "lib"), str(tmp_path / "temp")
+    cmd.ensure_finalized()
+    for ext in exts:
+        cmd.build_extension(ext)
+    assert [b[0] for b in built] == ["fastenc._C", "fastenc._C_cuda"]
+    assert built[0][1] != built[1][1]  # each half compiles bindings.cpp in its own folder
+    assert set(cmd.failed) == {"fastenc._C_cuda"}
+    outputs = cmd.get_outputs()
+    assert cmd.get_ext_fullpath("fastenc._C") in outputs and cmd.get_ext_fullpath("fastenc._C_cuda") not in outputs
+    meta = tmp_path / "lib" / "fastenc" / "_C.build_meta.json"
+    assert meta.is_file() and str(meta) in outputs and not (meta.parent / "_C_cuda.build_meta.json").exists()
+    # a failing cpu half still fails the build
+    monkeypatch.setattr(BuildExtension, "build_extension", lambda self, ext: (_ for _ in ()).throw(
+        CompileError("g++ failed")), raising=False)
+    with pytest.raises(CompileError, match="g\\+\\+ failed"):
+        cmd.build_extension(exts[0])
