@@ -14,7 +14,7 @@ constexpr int kMaxParts = 512;  // partial rows (blocks) at most: a few per SM o
 //   dx += dh (gradient arriving on the stored residual stream), dw += dy * xhat, db += dy.
 // Thread t holds columns i * blockDim.x + t, i < NV.
 template <typename T, int NV>
-__global__ void __launch_bounds__(512) norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ dh,
+__global__ void __launch_bounds__(512, 1) norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ dh,
                                                          const T* __restrict__ h, const T* __restrict__ w,
                                                          const float* __restrict__ mean,
                                                          const float* __restrict__ rstd, T* __restrict__ dx,
