@@ -14,6 +14,7 @@
 #include "cpu/buffer_cache.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/lora.h"
+#include "cpu/norm_bwd.h"
 
 #include <torch/version.h>
 
@@ -81,16 +82,22 @@ uint16_t* bptr(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<
 uint16_t* bptr(const OptTensor& t) { return t.has_value() ? bptr(*t) : nullptr; }
 
 // h = x (+ xbias) (+ residual); y = norm(h). store_residual: also return h (a pre-norm block's residual stream);
-// otherwise y doubles as h's scratch row and only y is written.
-std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, const OptTensor& bias,
-                                       const OptTensor& residual, const OptTensor& xbias, double eps, bool rms,
-                                       bool store_residual) {
+// otherwise y doubles as h's scratch row and only y is written. stats: also return the per-row mean (LayerNorm)
+// and rstd, fp32, that the backward reads.
+using NormOut = std::tuple<Tensor, OptTensor, OptTensor, OptTensor>;
+NormOut norm_cpu(const Tensor& x, const Tensor& weight, const OptTensor& bias, const OptTensor& residual,
+                 const OptTensor& xbias, double eps, bool rms, bool store_residual, bool stats) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2, "norm: x must be (rows, hidden)");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.numel() == hidden, "norm: weight must have ", hidden, " elements, got ", weight.numel());
   TORCH_CHECK(!xbias || xbias->numel() == hidden, "norm: input_bias must have ", hidden, " elements");
-  const bool keep_h = store_residual && residual.has_value();
+  const bool keep_h = store_residual && (residual.has_value() || xbias.has_value());
+  const auto f32opts = x.options().dtype(at::kFloat);
+  OptTensor mean = stats && !rms ? OptTensor(at::empty({rows}, f32opts)) : std::nullopt;
+  OptTensor rstd = stats ? OptTensor(at::empty({rows}, f32opts)) : std::nullopt;
+  float* mp = mean.has_value() ? mean->data_ptr<float>() : nullptr;
+  float* rp = rstd.has_value() ? rstd->data_ptr<float>() : nullptr;
   if (all_bf16({x, weight}) && (!bias || all_bf16({*bias})) && (!residual || all_bf16({*residual})) &&
       (!xbias || all_bf16({*xbias}))) {
     // bf16 end to end: no fp32 copies; h = x + xb + r is rounded to bf16 before it is normalized.
@@ -101,8 +108,8 @@ std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, co
     Tensor out = cpu_empty({rows, hidden}, xc.options());
     OptTensor hout = keep_h ? OptTensor(cpu_empty({rows, hidden}, xc.options())) : std::nullopt;
     fastenc_cpu::norm_fwd_bf16(bptr(xc), bptr(rc), bptr(xbc), bptr(wc), bptr(bc), bptr(out), bptr(hout), rows,
-                               hidden, (float)eps, rms);
-    return {out, hout};
+                               hidden, (float)eps, rms, mp, rp);
+    return {out, hout, mean, rstd};
   }
   Tensor xf = f32(x), wf = f32(weight);
   OptTensor bf = bias.has_value() ? OptTensor(f32(*bias)) : std::nullopt;
@@ -110,22 +117,77 @@ std::tuple<Tensor, OptTensor> norm_cpu(const Tensor& x, const Tensor& weight, co
   OptTensor xbf = xbias.has_value() ? OptTensor(f32(*xbias)) : std::nullopt;
   Tensor out = cpu_empty({rows, hidden}, xf.options());
   OptTensor hout = keep_h ? OptTensor(cpu_empty({rows, hidden}, xf.options())) : std::nullopt;
+  if (stats && x.scalar_type() != at::kFloat && (residual.has_value() || xbias.has_value())) {
+    // fp16 statistics must be those of h rounded to x's dtype (what the backward is given): round h first.
+    Tensor hs = (xbf.has_value() ? xf + *xbf : xf.clone());
+    if (rf.has_value()) hs.add_(*rf);
+    hs = hs.to(x.scalar_type()).to(at::kFloat);
+    fastenc_cpu::norm_fwd(hs.data_ptr<float>(), nullptr, nullptr, wf.data_ptr<float>(), fptr(bf),
+                          out.data_ptr<float>(), nullptr, rows, hidden, (float)eps, rms, mp, rp);
+    OptTensor h = keep_h ? OptTensor(hs.to(x.scalar_type())) : std::nullopt;
+    return {out.to(x.scalar_type()), h, mean, rstd};
+  }
   fastenc_cpu::norm_fwd(xf.data_ptr<float>(), fptr(rf), fptr(xbf), wf.data_ptr<float>(), fptr(bf),
                         out.data_ptr<float>(), hout.has_value() ? hout->data_ptr<float>() : nullptr, rows, hidden,
-                        (float)eps, rms);
+                        (float)eps, rms, mp, rp);
   OptTensor h = hout.has_value() ? OptTensor(hout->to(x.scalar_type())) : std::nullopt;
-  return {out.to(x.scalar_type()), h};
+  return {out.to(x.scalar_type()), h, mean, rstd};
 }
 
-std::tuple<Tensor, OptTensor> layer_norm(const Tensor& x, const Tensor& weight, const OptTensor& bias,
-                                         const OptTensor& residual, const OptTensor& input_bias, double eps,
-                                         bool store_residual) {
-  return norm_cpu(x, weight, bias, residual, input_bias, eps, false, store_residual);
+NormOut layer_norm(const Tensor& x, const Tensor& weight, const OptTensor& bias, const OptTensor& residual,
+                   const OptTensor& input_bias, double eps, bool store_residual, bool stats) {
+  return norm_cpu(x, weight, bias, residual, input_bias, eps, false, store_residual, stats);
 }
 
-std::tuple<Tensor, OptTensor> rms_norm(const Tensor& x, const Tensor& weight, const OptTensor& residual,
-                                       double eps) {
-  return norm_cpu(x, weight, std::nullopt, residual, std::nullopt, eps, true, true);
+// weight None: plain normalization (w = 1).
+std::tuple<Tensor, OptTensor, OptTensor> rms_norm(const Tensor& x, const OptTensor& weight, const OptTensor& residual,
+                                                  double eps, bool stats) {
+  const Tensor w = weight.has_value() ? *weight : at::ones({x.size(-1)}, x.options());
+  auto [y, h, mean, rstd] = norm_cpu(x, w, std::nullopt, residual, std::nullopt, eps, true, true, stats);
+  return {y, h, rstd};
+}
+
+// ---------------------------------------------------------------- norm backward (cpu)
+// dx (h's dtype), dweight and dbias (weight's dtype; null unless asked for) of LayerNorm (mean given) or RMSNorm
+// (mean null) from the forward's fp32 statistics; dh (optional) is the gradient arriving on the residual stream.
+std::tuple<Tensor, OptTensor, OptTensor> norm_bwd(const Tensor& dy, const OptTensor& dh, const Tensor& h,
+                                                  const Tensor& weight, const OptTensor& mean, const Tensor& rstd,
+                                                  bool need_weight, bool need_bias) {
+  check_cpu(h, "h");
+  check_cpu(dy, "dy");
+  TORCH_CHECK(h.dim() == 2 && dy.sizes() == h.sizes(), "norm_bwd: dy must have h's shape ", h.sizes(), ", got ",
+              dy.sizes());
+  TORCH_CHECK(!dh || dh->sizes() == h.sizes(), "norm_bwd: dh must have h's shape ", h.sizes());
+  const int64_t rows = h.size(0), hidden = h.size(1);
+  TORCH_CHECK(weight.numel() == hidden, "norm_bwd: weight must have ", hidden, " elements, got ", weight.numel());
+  TORCH_CHECK(rstd.numel() == rows && rstd.scalar_type() == at::kFloat, "norm_bwd: rstd must be (", rows,
+              ",) float32");
+  TORCH_CHECK(!mean || (mean->numel() == rows && mean->scalar_type() == at::kFloat), "norm_bwd: mean must be (",
+              rows, ",) float32");
+  const Tensor rs = rstd.contiguous();
+  const OptTensor mu = mean ? OptTensor(mean->contiguous()) : std::nullopt;
+  const auto f32opts = h.options().dtype(at::kFloat);
+  OptTensor dw = need_weight ? OptTensor(at::empty({hidden}, f32opts)) : std::nullopt;
+  OptTensor db = need_bias ? OptTensor(at::empty({hidden}, f32opts)) : std::nullopt;
+  float* dwp = dw ? dw->data_ptr<float>() : nullptr;
+  float* dbp = db ? db->data_ptr<float>() : nullptr;
+  Tensor dx;
+  if (all_bf16({dy, h, weight}) && (!dh || all_bf16({*dh}))) {
+    const Tensor dyc = dy.contiguous(), hc = h.contiguous(), wc = weight.contiguous();
+    const OptTensor dhc = dh ? OptTensor(dh->contiguous()) : std::nullopt;
+    dx = cpu_empty({rows, hidden}, hc.options());
+    fastenc_cpu::norm_bwd_bf16(bptr(dyc), bptr(dhc), bptr(hc), bptr(wc), fptr(mu), rs.data_ptr<float>(), bptr(dx),
+                               dwp, dbp, rows, hidden);
+  } else {
+    const Tensor dyf = f32(dy), hf = f32(h), wf = f32(weight);
+    const OptTensor dhf = dh ? OptTensor(f32(*dh)) : std::nullopt;
+    Tensor dxf = cpu_empty({rows, hidden}, f32opts);
+    fastenc_cpu::norm_bwd(dyf.data_ptr<float>(), fptr(dhf), hf.data_ptr<float>(), wf.data_ptr<float>(), fptr(mu),
+                          rs.data_ptr<float>(), dxf.data_ptr<float>(), dwp, dbp, rows, hidden);
+    dx = h.scalar_type() == at::kFloat ? dxf : dxf.to(h.scalar_type());
+  }
+  const auto wt = weight.scalar_type();
+  return {dx, dw ? OptTensor(dw->to(wt)) : std::nullopt, db ? OptTensor(db->to(wt)) : std::nullopt};
 }
 
 // ---------------------------------------------------------------- activations (cpu)
@@ -372,6 +434,27 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const OptTensor& bias,
   }
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
+// lora_linear backward on torch's CPU GEMMs, fp32 (fp16/bf16 inputs upcast, each gradient rounded once). With
+// u = x A^T and v = dy B (tokens x r): dx = dy W + s v A, dW = dy^T x, db = sum_tokens dy, dA = s v^T x,
+// dB = s dy^T u; each only when asked for (a frozen base weight costs no GEMM).
+std::tuple<OptTensor, OptTensor, OptTensor, OptTensor, OptTensor> lora_linear_bwd(
+    const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& lora_a, const Tensor& lora_b, double scale,
+    bool need_x, bool need_weight, bool need_bias, bool need_a, bool need_b) {
+  check_cpu(dy, "dy");
+  check_cpu(x, "x");
+  TORCH_CHECK(dy.dim() == 2 && x.dim() == 2 && dy.size(0) == x.size(0) && dy.size(1) == weight.size(0),
+              "lora_linear_bwd: dy must be (tokens, out) = (", x.size(0), ", ", weight.size(0), "), got ", dy.sizes());
+  const Tensor g = f32(dy), xf = f32(x), af = f32(lora_a), bf = f32(lora_b);
+  const Tensor v = (need_x || need_a) ? at::mm(g, bf) : Tensor();
+  OptTensor dx, dw, db, da, dbb;
+  if (need_x) dx = at::addmm(at::mm(g, f32(weight)), v, af, /*beta=*/1.0, /*alpha=*/scale).to(x.scalar_type());
+  if (need_weight) dw = at::mm(g.t(), xf).to(weight.scalar_type());
+  if (need_bias) db = g.sum(0).to(weight.scalar_type());
+  if (need_a) da = at::mm(v.t(), xf).mul_(scale).to(lora_a.scalar_type());
+  if (need_b) dbb = at::mm(g.t(), at::mm(xf, af.t())).mul_(scale).to(lora_b.scalar_type());
+  return {dx, dw, db, da, dbb};
+}
+
 #endif  // !FASTENC_WITH_CUDA (cpu half)
 
 #ifdef FASTENC_WITH_CUDA
@@ -415,8 +498,10 @@ void check_launch(cudaError_t err, const char* op) {
 
 const void* ptr_or_null(const OptTensor& t) { return t.has_value() ? t->data_ptr() : nullptr; }
 
-std::tuple<Tensor, OptTensor> norm_cuda(const char* op, const Tensor& x, const Tensor& weight, const OptTensor& bias,
-                                        const OptTensor& residual, double eps, bool rms) {
+// Returns (y, h or None, mean or None, rstd or None); stats: write the per-row fp32 statistics (training).
+std::tuple<Tensor, OptTensor, OptTensor, OptTensor> norm_cuda(const char* op, const Tensor& x, const Tensor& weight,
+                                                              const OptTensor& bias, const OptTensor& residual,
+                                                              double eps, bool rms, bool stats) {
   check_on(x, x, op, "x");
   TORCH_CHECK(x.dim() == 2, op, " (cuda): x must be (rows, hidden), got shape ", x.sizes());
   const int dt = cuda_dtype(x, op, "x");
@@ -439,21 +524,70 @@ std::tuple<Tensor, OptTensor> norm_cuda(const char* op, const Tensor& x, const T
   const OptTensor rc = residual.has_value() ? OptTensor(residual->contiguous()) : std::nullopt;
   Tensor y = at::empty_like(xc);
   OptTensor h = residual.has_value() ? OptTensor(at::empty_like(xc)) : std::nullopt;
+  const auto f32opts = x.options().dtype(at::kFloat);
+  OptTensor mean = stats && !rms ? OptTensor(at::empty({rows}, f32opts)) : std::nullopt;
+  OptTensor rstd = stats ? OptTensor(at::empty({rows}, f32opts)) : std::nullopt;
   check_launch(fastenc_cuda::norm_fwd(xc.data_ptr(), ptr_or_null(rc), wc.data_ptr(), ptr_or_null(bc), y.data_ptr(),
                                       h.has_value() ? h->data_ptr() : nullptr, rows, hidden, static_cast<float>(eps),
-                                      rms, dt, c10::cuda::getCurrentCUDAStream()),
+                                      rms, dt, c10::cuda::getCurrentCUDAStream(),
+                                      mean.has_value() ? mean->data_ptr<float>() : nullptr,
+                                      rstd.has_value() ? rstd->data_ptr<float>() : nullptr),
                op);
-  return {y, h};
+  return {y, h, mean, rstd};
 }
 
-std::tuple<Tensor, OptTensor> layer_norm_cuda(const Tensor& x, const Tensor& weight, const OptTensor& bias,
-                                              const OptTensor& residual, double eps) {
-  return norm_cuda("layer_norm", x, weight, bias, residual, eps, false);
+std::tuple<Tensor, OptTensor, OptTensor, OptTensor> layer_norm_cuda(const Tensor& x, const Tensor& weight,
+                                                                    const OptTensor& bias, const OptTensor& residual,
+                                                                    double eps, bool stats) {
+  return norm_cuda("layer_norm", x, weight, bias, residual, eps, false, stats);
 }
 
-std::tuple<Tensor, OptTensor> rms_norm_cuda(const Tensor& x, const Tensor& weight, const OptTensor& residual,
-                                            double eps) {
-  return norm_cuda("rms_norm", x, weight, std::nullopt, residual, eps, true);
+std::tuple<Tensor, OptTensor, OptTensor, OptTensor> rms_norm_cuda(const Tensor& x, const Tensor& weight,
+                                                                  const OptTensor& residual, double eps, bool stats) {
+  return norm_cuda("rms_norm", x, weight, std::nullopt, residual, eps, true, stats);
+}
+
+// LayerNorm (mean given) / RMSNorm (mean None) backward: dx in h's dtype; dweight, dbias (when asked for) from the
+// kernel's fp32 partial rows summed here, rounded once to weight's dtype.
+std::tuple<Tensor, OptTensor, OptTensor> norm_bwd_cuda(const Tensor& dy, const OptTensor& dh, const Tensor& h,
+                                                       const Tensor& weight, const OptTensor& mean, const Tensor& rstd,
+                                                       bool need_weight, bool need_bias) {
+  const char* op = "norm_bwd";
+  check_on(h, h, op, "h");
+  check_on(dy, h, op, "dy");
+  check_on(weight, h, op, "weight");
+  check_on(rstd, h, op, "rstd");
+  const int dt = cuda_dtype(h, op, "h");
+  TORCH_CHECK(h.dim() == 2 && dy.sizes() == h.sizes() && dy.scalar_type() == h.scalar_type(), op,
+              " (cuda): dy must match h (", h.sizes(), ", ", h.scalar_type(), "), got (", dy.sizes(), ", ",
+              dy.scalar_type(), ")");
+  const int64_t rows = h.size(0), hidden = h.size(1);
+  if (dh.has_value()) {
+    check_on(*dh, h, op, "dh");
+    TORCH_CHECK(dh->sizes() == h.sizes() && dh->scalar_type() == h.scalar_type(), op, " (cuda): dh must match h");
+  }
+  TORCH_CHECK(weight.numel() == hidden, op, " (cuda): weight must have ", hidden, " elements, got ", weight.numel());
+  TORCH_CHECK(rstd.numel() == rows && rstd.scalar_type() == at::kFloat, op, " (cuda): rstd must be (", rows,
+              ",) float32");
+  TORCH_CHECK(!mean || (mean->numel() == rows && mean->scalar_type() == at::kFloat), op, " (cuda): mean must be (",
+              rows, ",) float32");
+  const c10::cuda::CUDAGuard guard(h.device());
+  const Tensor dyc = dy.contiguous(), hc = h.contiguous(), wc = weight.to(h.scalar_type()).contiguous();
+  const Tensor rs = rstd.contiguous();
+  const OptTensor dhc = dh ? OptTensor(dh->contiguous()) : std::nullopt;
+  const OptTensor mu = mean ? OptTensor(mean->contiguous()) : std::nullopt;
+  Tensor dx = at::empty_like(hc);
+  const int64_t parts = fastenc_cuda::norm_bwd_parts(rows);
+  const auto f32opts = h.options().dtype(at::kFloat);
+  OptTensor dwp = need_weight ? OptTensor(at::empty({parts, hidden}, f32opts)) : std::nullopt;
+  OptTensor dbp = need_bias ? OptTensor(at::empty({parts, hidden}, f32opts)) : std::nullopt;
+  check_launch(fastenc_cuda::norm_bwd(dyc.data_ptr(), ptr_or_null(dhc), hc.data_ptr(), wc.data_ptr(),
+                                      mu ? mu->data_ptr<float>() : nullptr, rs.data_ptr<float>(), dx.data_ptr(),
+                                      dwp ? dwp->data_ptr<float>() : nullptr, dbp ? dbp->data_ptr<float>() : nullptr,
+                                      rows, hidden, dt, c10::cuda::getCurrentCUDAStream()),
+               op);
+  const auto wt = weight.scalar_type();
+  return {dx, dwp ? OptTensor(dwp->sum(0).to(wt)) : std::nullopt, dbp ? OptTensor(dbp->sum(0).to(wt)) : std::nullopt};
 }
 
 bool tanh_flag(const std::string& approximate, const char* op) {
@@ -666,7 +800,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_buffer_cache", &set_buffer_cache, "turn the buffer cache on or off (off also frees it)");
   m.def("buffer_cache_enabled", [] { return cache_enabled(); });
   m.def("layer_norm", &layer_norm, "LayerNorm (+residual), fp32 math");
-  m.def("rms_norm", &rms_norm, "RMSNorm (+residual), fp32 math");
+  m.def("rms_norm", &rms_norm, "RMSNorm (+residual), optional weight, fp32 math");
+  m.def("norm_bwd", &norm_bwd, "LayerNorm / RMSNorm backward from the saved statistics, fp32 math");
   m.def("gelu", &gelu, "gelu(x + bias)");
   m.def("gelu_out", &gelu_out, "gelu(x + bias) into out (may be x)");
   m.def("geglu", &geglu, "gelu(x[:, :n]) * x[:, n:]");
@@ -680,11 +815,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // lora (cpu) defs
   m.def("merge_lora", &merge_lora, "W + scale * B @ A, fp32 accumulation, rounded once");
   m.def("lora_linear", &lora_linear, "x W^T + b + scale (x A^T) B^T via torch GEMMs, fp32");
+  m.def("lora_linear_bwd", &lora_linear_bwd, "lora_linear gradients (x, weight, bias, A, B) via torch GEMMs, fp32");
 #endif  // !FASTENC_WITH_CUDA (cpu half defs)
 #ifdef FASTENC_WITH_CUDA
   // cuda defs
   m.def("layer_norm_cuda", &layer_norm_cuda, "LayerNorm (+residual), CUDA kernel, fp32 statistics");
   m.def("rms_norm_cuda", &rms_norm_cuda, "RMSNorm (+residual), CUDA kernel, fp32 statistics");
+  m.def("norm_bwd_cuda", &norm_bwd_cuda, "LayerNorm / RMSNorm backward, CUDA kernel, fp32 partial sums");
   m.def("gelu_cuda", &gelu_cuda, "gelu(x + bias), CUDA kernel");
   m.def("geglu_cuda", &geglu_cuda, "gelu(x[:, :n]) * x[:, n:], CUDA kernel");
   m.def("rope_cuda", &rope_cuda, "rotate-half RoPE of q and k, CUDA kernel");

@@ -7,8 +7,10 @@ namespace fastenc_cpu {
 
 // LayerNorm (rms=false) or RMSNorm (rms=true) of h = x (+ xbias) (+ residual) over rows x hidden; xbias (hidden)
 // is the preceding linear's bias. residual, xbias, bias, residual_out may be null; residual_out receives h.
+// mean_out, rstd_out (rows, fp32; null when not wanted; mean_out unused for RMSNorm): the per-row statistics.
 void norm_fwd(const float* x, const float* residual, const float* xbias, const float* weight, const float* bias,
-              float* out, float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms);
+              float* out, float* residual_out, int64_t rows, int64_t hidden, float eps, bool rms,
+              float* mean_out = nullptr, float* rstd_out = nullptr);
 
 // out = gelu(x + bias); x, out: rows x n (out may be x: in place); bias (n) may be null; tanh selects the tanh
 // approximation.
@@ -38,7 +40,7 @@ void geglu_bwd_bf16(const uint16_t* grad, const uint16_t* x, uint16_t* dx, int64
 // rounded to bf16 and normalized from the rounded value.
 void norm_fwd_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* xbias, const uint16_t* weight,
                    const uint16_t* bias, uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t hidden,
-                   float eps, bool rms);
+                   float eps, bool rms, float* mean_out = nullptr, float* rstd_out = nullptr);
 void gelu_fwd_bf16(const uint16_t* x, const uint16_t* bias, uint16_t* out, int64_t rows, int64_t n, bool tanh_approx);
 void geglu_fwd_bf16(const uint16_t* x, uint16_t* out, int64_t rows, int64_t n, int64_t ldo, bool tanh_approx);
 

@@ -1,5 +1,6 @@
 // LayerNorm / RMSNorm forward with fused residual add: one warp per row for hidden <= 1024, else a block per
-// row; the row lives in registers (16-byte vector loads), statistics in fp32 with the two-pass formula.
+// row; the row lives in registers (16-byte vector loads when every row start is 16-byte aligned, else element
+// loads), statistics in fp32 with the two-pass formula; a training forward also writes mean and rstd per row.
 #include "cuda_utils.h"
 
 namespace fastenc_cuda {
@@ -14,8 +15,9 @@ namespace {
 template <typename T, int VEC, int NV>
 __global__ void __launch_bounds__(512) norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ res,
                                                         const T* __restrict__ w, const T* __restrict__ b,
-                                                        T* __restrict__ out, T* __restrict__ res_out, int64_t rows,
-                                                        int hidden, float eps, bool rms) {
+                                                        T* __restrict__ out, T* __restrict__ res_out,
+                                                        float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                                        int64_t rows, int hidden, float eps, bool rms) {
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows) return;  // block mode has blockDim.y == 1: the whole block leaves together
@@ -57,6 +59,10 @@ __global__ void __launch_bounds__(512) norm_fwd_kernel(const T* __restrict__ x, 
     }
   }
   const float rstd = rsqrtf(group_sum(sq, scratch) * inv_n + eps);
+  if (rstd_out != nullptr && tid == 0) {  // training: the statistics the backward reads
+    rstd_out[row] = rstd;
+    if (mean_out != nullptr) mean_out[row] = mean;
+  }
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int col = (i * nt + tid) * VEC;
@@ -81,8 +87,9 @@ __global__ void __launch_bounds__(512) norm_fwd_kernel(const T* __restrict__ x, 
 template <typename T>
 __global__ void __launch_bounds__(1024) norm_fwd_wide_kernel(const T* __restrict__ x, const T* __restrict__ res,
                                                              const T* __restrict__ w, const T* __restrict__ b,
-                                                             T* __restrict__ out, T* res_out, int hidden, float eps,
-                                                             bool rms) {
+                                                             T* __restrict__ out, T* res_out,
+                                                             float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                                             int hidden, float eps, bool rms) {
   __shared__ float scratch[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * hidden;
   const T* hsrc = res != nullptr ? res_out + base : x + base;
@@ -103,6 +110,10 @@ __global__ void __launch_bounds__(1024) norm_fwd_wide_kernel(const T* __restrict
     sq += d * d;
   }
   const float rstd = rsqrtf(group_sum(sq, scratch) * inv_n + eps);
+  if (rstd_out != nullptr && threadIdx.x == 0) {
+    rstd_out[blockIdx.x] = rstd;
+    if (mean_out != nullptr) mean_out[blockIdx.x] = mean;
+  }
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
     float y = (to_float(hsrc[c]) - mean) * rstd * to_float(w[c]);
     if (b != nullptr) y += to_float(b[c]);
@@ -117,13 +128,15 @@ int pow2_ceil(int v) {
 }
 
 template <typename T, int VEC>
-cudaError_t launch_cached(const T* x, const T* res, const T* w, const T* b, T* out, T* res_out, int64_t rows,
-                          int hidden, float eps, bool rms, int nv, dim3 block, cudaStream_t stream) {
+cudaError_t launch_cached(const T* x, const T* res, const T* w, const T* b, T* out, T* res_out, float* mean,
+                          float* rstd, int64_t rows, int hidden, float eps, bool rms, int nv, dim3 block,
+                          cudaStream_t stream) {
   const dim3 grid(ceil_div(rows, block.y));
   switch (nv) {
 #define FASTENC_NORM_CASE(N)                                                                                 \
   case N:                                                                                                    \
-    norm_fwd_kernel<T, VEC, N><<<grid, block, 0, stream>>>(x, res, w, b, out, res_out, rows, hidden, eps, rms); \
+    norm_fwd_kernel<T, VEC, N><<<grid, block, 0, stream>>>(x, res, w, b, out, res_out, mean, rstd, rows, hidden, \
+                                                           eps, rms);                                          \
     break;
     FASTENC_NORM_CASE(1)
     FASTENC_NORM_CASE(2)
@@ -139,7 +152,7 @@ cudaError_t launch_cached(const T* x, const T* res, const T* w, const T* b, T* o
 
 cudaError_t norm_fwd(const void* x, const void* residual, const void* weight, const void* bias, void* out,
                      void* residual_out, int64_t rows, int64_t hidden, float eps, bool rms, int dtype,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float* mean_out, float* rstd_out) {
   if (rows == 0 || hidden == 0) return cudaSuccess;
   if (hidden > (1 << 30) || (residual != nullptr && residual_out == nullptr)) return cudaErrorInvalidValue;
   return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
@@ -168,12 +181,14 @@ cudaError_t norm_fwd(const void* x, const void* residual, const void* weight, co
       nv = pow2_ceil((nvec + threads - 1) / threads);
     }
     if (nv > 8) {
-      norm_fwd_wide_kernel<T><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(xp, rp, wp, bp, op, hp, n, eps,
-                                                                                 rms);
+      norm_fwd_wide_kernel<T><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(xp, rp, wp, bp, op, hp, mean_out,
+                                                                                 rstd_out, n, eps, rms);
       return cudaGetLastError();
     }
-    if (vec) return launch_cached<T, V>(xp, rp, wp, bp, op, hp, rows, n, eps, rms, nv, block, stream);
-    return launch_cached<T, 1>(xp, rp, wp, bp, op, hp, rows, n, eps, rms, nv, block, stream);
+    if (vec) return launch_cached<T, V>(xp, rp, wp, bp, op, hp, mean_out, rstd_out, rows, n, eps, rms, nv, block,
+                                        stream);
+    // Misaligned (a view at an odd storage offset) or a width not a multiple of the vector: element accesses.
+    return launch_cached<T, 1>(xp, rp, wp, bp, op, hp, mean_out, rstd_out, rows, n, eps, rms, nv, block, stream);
   });
 }
 

@@ -40,6 +40,14 @@ def _(weight, lora_a, lora_b, scale, backend):
 
 _backends.reference(OP, _reference)
 _backends.triton(OP, "fastenc.kernels.merge_lora", "merge_lora_fwd")
+
+
+def _no_backward(ctx, grad):
+    raise RuntimeError("fastenc::merge_lora has no backward: merging an adapter is forward-only (inference); "
+                       "train the adapter unmerged with fastenc.ops.lora_linear, or merge under torch.no_grad()")
+
+
+_merge_lora_op.register_autograd(_no_backward, lambda ctx, inputs, output: None)
 _backends.cpu(OP, "merge_lora")
 _backends.cuda(OP, "merge_lora_cuda")
 

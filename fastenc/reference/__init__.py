@@ -1,12 +1,13 @@
 """Pure-PyTorch references (fp32 math): the test oracle, the benchmark baseline, the last-resort fallback."""
-from fastenc.reference.layer_norm import layer_norm_ref
+from fastenc.reference.layer_norm import layer_norm_ref, norm_bwd_ref, norm_stats_ref
 from fastenc.reference.rms_norm import rms_norm_ref
 from fastenc.reference.gelu import gelu_bwd_ref, gelu_ref
 from fastenc.reference.geglu import geglu_bwd_ref, geglu_ref
 from fastenc.reference.rope import rope_bwd_ref, rope_cache, rope_ref
 from fastenc.reference.attention import attention_ref, attention_varlen_ref
 from fastenc.reference.merge_lora import merge_lora_ref
-from fastenc.reference.lora_linear import lora_linear_ref
+from fastenc.reference.lora_linear import lora_linear_bwd_ref, lora_linear_ref
 
 __all__ = ["layer_norm_ref", "rms_norm_ref", "gelu_ref", "gelu_bwd_ref", "geglu_ref", "geglu_bwd_ref", "rope_cache",
-           "rope_ref", "rope_bwd_ref", "attention_ref", "attention_varlen_ref", "merge_lora_ref", "lora_linear_ref"]
+           "rope_ref", "rope_bwd_ref", "attention_ref", "attention_varlen_ref", "merge_lora_ref", "lora_linear_ref",
+           "norm_bwd_ref", "norm_stats_ref", "lora_linear_bwd_ref"]

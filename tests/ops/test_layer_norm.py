@@ -149,3 +149,24 @@ def test_layer_norm_input_bias_reference_is_the_unfused_sum():
     y, h = layer_norm_ref(x, w, b, 1e-12, r, input_bias=ib)
     torch.testing.assert_close(h, x + ib + r)
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(x + ib + r, (384,), w, b, 1e-12), rtol=1e-5, atol=1e-5)
+
+
+def _offset_view(rows, hidden, dtype, dev, scale=1.0):
+    """A contiguous (rows, hidden) view starting one element into its storage: no 16-byte aligned row start."""
+    t = testing.randn(rows * hidden + 1, dtype=dtype, device=dev, scale=scale)[1:].view(rows, hidden)
+    assert t.is_contiguous() and t.storage_offset() == 1
+    return t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("hidden", [1001, 1152], ids=lambda h: f"h{h}")
+def test_layer_norm_misaligned(backend, dtype, hidden):
+    """Width 1001 (no whole 16-byte vectors per row) and storage-offset-1 views of x, residual, weight and bias:
+    the element-access path of the vectorized kernels, never a misaligned vector load."""
+    dev = testing.device_for(backend)
+    x = _offset_view(17, hidden, dtype, dev, scale=2.0)
+    r = _offset_view(17, hidden, dtype, dev)
+    w, b = _offset_view(1, hidden, dtype, dev)[0], _offset_view(1, hidden, dtype, dev)[0]
+    _check(backend, x, w, b, r)
+    _check(backend, x, w, None, None)

@@ -118,3 +118,19 @@ def test_merge_lora_bad_input(make, match):
     w, a, b = _tensors(12, 10, 3, torch.float32, "cpu")
     with pytest.raises((ValueError, TypeError), match=match):
         ops.merge_lora(*make(w, a, b))
+
+
+@pytest.mark.parametrize("backend", testing.backends_for(OP))
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("in_f", [1001, 1152], ids=lambda n: f"in{n}")
+def test_merge_lora_misaligned(backend, dtype, in_f):
+    """Width 1001 (no whole 8-element vectors per row) and a weight starting one element into its storage: the
+    element-access path of the vectorized kernels, never a misaligned vector load."""
+    device = testing.device_for(backend)
+    w = testing.randn(37 * in_f + 1, dtype=dtype, device=device, scale=0.05)[1:].view(37, in_f)
+    assert w.is_contiguous() and w.storage_offset() == 1
+    _, a, b = _tensors(37, in_f, 8, dtype, device)
+    out = ops.merge_lora(w, a, b, 2.0, backend=backend)
+    extra = testing.bf16_ulp(_ref64(w, a, b, 2.0)) if _interp_bf16(backend, dtype) else 0.0
+    testing.assert_close(out, _ref64(w, a, b, 2.0), merge_lora_ref(w, a, b, 2.0, upcast=False), dtype=dtype,
+                         extra=extra)

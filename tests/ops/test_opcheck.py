@@ -35,6 +35,7 @@ def _samples() -> dict[str, list[dict]]:
             dict(x=r(5, 384), weight=r(384), residual=r(5, 384), eps=1e-6),
             dict(x=r(3, 1000, dtype=torch.float16), weight=r(1000, dtype=torch.float16), residual=None, eps=1e-6),
         ],
+        **_backward_samples(),
         "gelu": [
             dict(x=r(5, 384), bias=r(384), approximate="none"),
             dict(x=r(3, 1000, dtype=torch.bfloat16), bias=None, approximate="tanh"),
@@ -71,6 +72,49 @@ def _samples() -> dict[str, list[dict]]:
     }
 
 
+def _backward_samples() -> dict[str, list[dict]]:
+    """Norm and LoRA training: forwards with grad-requiring inputs (opcheck's autograd checks run their backward)
+    and the backward ops themselves."""
+    r = testing.randn
+
+    def g(*shape, dtype=torch.float32):
+        return r(*shape, dtype=dtype).requires_grad_()
+
+    h = r(5, 384)
+    mean, rstd = h.mean(-1), torch.rsqrt(h.var(-1, unbiased=False) + 1e-5)
+    return {
+        "layer_norm_train": [
+            dict(x=g(5, 384), weight=g(384), bias=g(384), residual=g(5, 384), input_bias=g(384), eps=1e-5,
+                 store_residual=True, stats=True),
+            dict(x=g(3, 1001, dtype=torch.bfloat16), weight=g(1001, dtype=torch.bfloat16), bias=None, residual=None,
+                 input_bias=None, eps=1e-5, store_residual=False, stats=True),
+        ],
+        "rms_norm_train": [
+            dict(x=g(5, 384), weight=g(384), residual=g(5, 384), eps=1e-6, stats=True),
+            dict(x=g(3, 1001), weight=None, residual=None, eps=1e-6, stats=True),
+        ],
+        "lora_linear_train": [
+            dict(x=g(5, 40), weight=r(48, 40), bias=r(48), lora_a=g(8, 40), lora_b=g(48, 8), scale=0.5),
+            dict(x=g(3, 40), weight=g(48, 40), bias=g(48), lora_a=g(4, 40), lora_b=g(48, 4), scale=1.0),
+        ],
+        "layer_norm_bwd": [
+            dict(dy=r(5, 384), dh=r(5, 384), h=h, weight=r(384), mean=mean, rstd=rstd, need_weight=True,
+                 need_bias=True),
+            dict(dy=r(5, 384), dh=None, h=h, weight=r(384), mean=mean, rstd=rstd, need_weight=False, need_bias=False),
+        ],
+        "rms_norm_bwd": [
+            dict(dy=r(5, 384), dh=r(5, 384), h=h, weight=r(384), rstd=rstd, need_weight=True),
+            dict(dy=r(5, 384), dh=None, h=h, weight=None, rstd=rstd, need_weight=False),
+        ],
+        "lora_linear_bwd": [
+            dict(dy=r(5, 48), x=r(5, 40), weight=r(48, 40), lora_a=r(8, 40), lora_b=r(48, 8), scale=0.5, need_x=True,
+                 need_weight=False, need_bias=False, need_a=True, need_b=True),
+            dict(dy=r(3, 48), x=r(3, 40), weight=r(48, 40), lora_a=r(4, 40), lora_b=r(48, 4), scale=2.0,
+                 need_x=True, need_weight=True, need_bias=True, need_a=True, need_b=True),
+        ],
+    }
+
+
 def _cpu_backends(op):
     return [b for b, impl in registry.impls(op).items() if b in ("reference", "cpu") and "cpu" in impl.devices]
 
@@ -85,6 +129,9 @@ def test_every_op_has_a_cpu_backend():
 @pytest.mark.parametrize("op,backend", CASES)
 def test_opcheck(op, backend):
     samples = _samples()
+    for name in ("layer_norm", "rms_norm"):  # inference forwards (stats=False); training ones below
+        samples[name] = [dict(s, stats=False) for s in samples[name]] + samples.pop(name + "_train")
+    samples["lora_linear"] = samples["lora_linear"] + samples.pop("lora_linear_train")
     assert op in samples, f"fastenc::{op} has no opcheck sample in tests/ops/test_opcheck.py; add one"
     custom = getattr(torch.ops.fastenc, op).default
     names = [a.name for a in custom._schema.arguments]
@@ -119,9 +166,9 @@ def test_opcheck_out_variants(op, base, sample):
 
 def test_backward_through_an_op_raises_naming_it():
     x = testing.randn(5, 64).requires_grad_(True)
-    y = fastenc.ops.layer_norm(x, testing.randn(64), backend="reference")
+    y = fastenc.ops.merge_lora(x, testing.randn(4, 64), testing.randn(5, 4), 1.0, backend="reference")
     assert y.requires_grad  # the autograd kernel is registered (outside inference mode): no silent zero gradient
-    with pytest.raises(RuntimeError, match="fastenc::layer_norm has no backward"):
+    with pytest.raises(RuntimeError, match="fastenc::merge_lora has no backward"):
         y.sum().backward()
     with torch.inference_mode():
         assert not fastenc.ops.gelu(x.detach(), backend="cpu").requires_grad

@@ -93,3 +93,37 @@ def test_triton_writes_every_element(dtype):
     lp = rms_norm_ref(x, w, 1e-6, r, upcast=False) if dtype != torch.float32 else (None, None)
     testing.assert_close(y, ref_y, lp[0], extra=testing.interpreter_extra("triton", dtype, ref_y), name="y")
     testing.assert_close(h, ref_h, lp[1], extra=testing.interpreter_extra("triton", dtype, ref_h), name="h")
+
+
+def _offset_view(rows, hidden, dtype, dev, scale=1.0):
+    """A contiguous (rows, hidden) view starting one element into its storage: no 16-byte aligned row start."""
+    t = testing.randn(rows * hidden + 1, dtype=dtype, device=dev, scale=scale)[1:].view(rows, hidden)
+    assert t.is_contiguous() and t.storage_offset() == 1
+    return t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("hidden", [1001, 1152], ids=lambda h: f"h{h}")
+def test_rms_norm_misaligned(backend, dtype, hidden):
+    """Width 1001 and storage-offset-1 views: the element-access path, never a misaligned vector load."""
+    dev = testing.device_for(backend)
+    x, r = _offset_view(17, hidden, dtype, dev, scale=2.0), _offset_view(17, hidden, dtype, dev)
+    w = _offset_view(1, hidden, dtype, dev)[0]
+    _check(backend, x, w, r)
+    _check(backend, x, w, None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("residual", [False, True], ids=["nores", "res"])
+def test_rms_norm_without_weight(backend, dtype, residual):
+    """weight=None: plain normalization y = h * rsqrt(mean(h^2) + eps), on every backend."""
+    dev = testing.device_for(backend)
+    x = testing.randn(17, 1001, dtype=dtype, device=dev, scale=2.0)
+    r = testing.randn(17, 1001, dtype=dtype, device=dev) if residual else None
+    _check(backend, x, None, r)
+    y = fastenc.ops.rms_norm(x, None, residual=r, backend=backend)
+    y = y[0] if residual else y
+    h = (x.float() + r.float()).to(dtype).float() if residual else x.float()
+    assert float((y.float() - h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).abs().max()) < 0.05
