@@ -68,6 +68,20 @@ def pack_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     return batch, batch.gather(input_ids), batch.gather(pos)
 
 
+def first_real(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(batch, seq, hidden) -> (batch, hidden): each row's first real token (column 0 without a mask; zeros for
+    a row with no real token)."""
+    if attention_mask is None:
+        return hidden[:, 0]
+    if tuple(attention_mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"pool: attention_mask must have shape {tuple(hidden.shape[:2])} (batch, seq), got "
+                         f"{tuple(attention_mask.shape)}")
+    m = attention_mask.to(device=hidden.device).bool()
+    col = m.int().argmax(dim=1)  # the first True (0 for an empty row, masked below)
+    out = hidden[torch.arange(hidden.shape[0], device=hidden.device), col]
+    return out.masked_fill(~m.any(dim=1, keepdim=True), 0)
+
+
 def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     """Sort token-id lists by length (longest first) and pad each batch to its own longest.
 
