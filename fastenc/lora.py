@@ -88,14 +88,26 @@ def read_adapter(source, peft_adapter: str | None = None) -> tuple[dict, dict[st
         cfg_path = folder / "adapter_config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"load_lora: {folder} has no adapter_config.json (expected a PEFT adapter folder)")
-        config = json.loads(cfg_path.read_text())
-        if (folder / "adapter_model.safetensors").is_file():
-            from safetensors.torch import load_file
-            state = load_file(str(folder / "adapter_model.safetensors"))
-        elif (folder / "adapter_model.bin").is_file():
-            state = torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
-        else:
+        try:
+            config = json.loads(cfg_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"load_lora: {cfg_path} is not valid JSON: {e}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"load_lora: {cfg_path} must hold a JSON object, got {type(config).__name__}")
+        st_path, bin_path = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
+        if not st_path.is_file() and not bin_path.is_file():
             raise FileNotFoundError(f"load_lora: {folder} has no adapter_model.safetensors or adapter_model.bin")
+        path = st_path if st_path.is_file() else bin_path
+        try:  # a corrupt or truncated file: one error naming it
+            if path is st_path:
+                from safetensors.torch import load_file
+                state = load_file(str(st_path))
+            else:
+                state = torch.load(bin_path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"load_lora: cannot read {path}: {type(e).__name__}: {e}") from None
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError(f"load_lora: {path} must hold a dict of tensors, got {type(state).__name__}")
         return config, state, folder.name or "default"
     peft_config = getattr(source, "peft_config", None)
     if isinstance(peft_config, dict) and peft_config:
@@ -320,6 +332,14 @@ def _combine(module: Linear, pieces: list[_Piece]) -> tuple[str, torch.Tensor, t
     return "lora", a.to(w.dtype).contiguous(), b.to(w.dtype).contiguous()
 
 
+def _check_finite(adapter: str, tensors: dict[str, torch.Tensor]) -> None:
+    """safe_merge: every tensor the adapter would write must be finite (NaN/inf named, nothing written)."""
+    bad = [k for k, t in tensors.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"load_lora: safe_merge: adapter {adapter!r} produces non-finite (NaN/inf) weights in "
+                         f"{bad[:4]}{' ...' if len(bad) > 4 else ''}; the model is unchanged")
+
+
 def _state(model) -> _State:
     st = model.__dict__.get("_lora_state")
     if st is None:
@@ -332,18 +352,21 @@ class LoraMixin:
     """load_lora / unmerge_lora / set_adapter / use_adapter / remove_lora, and `model(..., adapter=name)`."""
 
     def load_lora(self, source, merge: bool = True, adapter_name: str | None = None,
-                  peft_adapter: str | None = None) -> str:
+                  peft_adapter: str | None = None, safe_merge: bool = False) -> str:
         """Load a PEFT LoRA adapter (folder with adapter_config.json + adapter_model.safetensors, or a PeftModel).
 
         merge=True: W <- round(W + scale * B @ A) in place, fp32 accumulation (ops.merge_lora); the original
         weights are kept so `unmerge_lora()` restores them exactly. merge=False: keep it as the named unmerged
         adapter `adapter_name` (default: the PeftModel's adapter name, or the folder's name), applied when active
         (the first one loaded is the default; see set_adapter). peft_adapter: which adapter of a PeftModel to
-        read (default: its active one). Returns the name.
-        Raises (and changes nothing) on a bad adapter: see `plan`.
+        read (default: its active one). safe_merge=True (PEFT's option): check that every weight the adapter
+        produces (merged, or the unmerged adapter's tensors) is finite first, and refuse the adapter otherwise.
+        Returns the name. Raises (and changes nothing) on a bad adapter: see `plan`.
         """
         if not isinstance(merge, bool):
             raise TypeError(f"load_lora: merge must be a bool, got {type(merge).__name__}")
+        if not isinstance(safe_merge, bool):
+            raise TypeError(f"load_lora: safe_merge must be a bool, got {type(safe_merge).__name__}")
         if adapter_name is not None and (not isinstance(adapter_name, str) or not adapter_name):
             raise ValueError(f"load_lora: adapter_name must be a non-empty str, got {adapter_name!r}")
         config, state, name = read_adapter(source, peft_adapter)
@@ -369,6 +392,8 @@ class LoraMixin:
                 new[f"{f.module}.weight"] = f.weight.to(device=module.weight.device, dtype=module.weight.dtype)
                 if f.bias is not None:
                     new[f"{f.module}.bias"] = f.bias.to(device=module.bias.device, dtype=module.bias.dtype)
+            if safe_merge:
+                _check_finite(name, new)
             with torch.no_grad():
                 for pname, value in new.items():
                     param = self.get_parameter(pname)
@@ -381,6 +406,10 @@ class LoraMixin:
             w = self.get_submodule(f.module).weight
             combined[f.module] = ("full", f.weight.to(device=w.device, dtype=w.dtype).contiguous(),
                                   None if f.bias is None else f.bias.to(device=w.device, dtype=w.dtype))
+        if safe_merge:
+            _check_finite(name, {f"{m}.{part}": t for m, (kind, *ts) in combined.items()
+                                 for part, t in zip(("lora_A", "lora_B") if kind == "lora" else ("weight", "bias"), ts)
+                                 if t is not None})
         for mod_name, ab in combined.items():
             module = self.get_submodule(mod_name)
             module.__dict__.setdefault("_lora_adapters", {})[name] = ab

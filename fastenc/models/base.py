@@ -26,6 +26,9 @@ def check_text_inputs(name: str, input_ids, attention_mask, token_type_ids, voca
         token_type_ids = None if token_type_ids is None else token_type_ids.reshape(1, -1)
     if input_ids.dim() != 2:
         raise ValueError(f"{name}: input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"{name}: input_ids must hold at least one sequence of at least one token (batch >= 1, "
+                         f"seq >= 1), got shape {tuple(input_ids.shape)}")
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
         raise ValueError(f"{name}: input_ids must be in [0, {vocab_size}) (the vocabulary), got "
                          f"[{int(input_ids.min())}, {int(input_ids.max())}]")
@@ -67,6 +70,20 @@ def pack_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     return batch, batch.gather(input_ids), batch.gather(pos)
 
 
+def first_real(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(batch, seq, hidden) -> (batch, hidden): each row's first real token (column 0 without a mask; zeros for
+    a row with no real token)."""
+    if attention_mask is None:
+        return hidden[:, 0]
+    if tuple(attention_mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"pool: attention_mask must have shape {tuple(hidden.shape[:2])} (batch, seq), got "
+                         f"{tuple(attention_mask.shape)}")
+    m = attention_mask.to(device=hidden.device).bool()
+    col = m.int().argmax(dim=1)  # the first True (0 for an empty row, masked below)
+    out = hidden[torch.arange(hidden.shape[0], device=hidden.device), col]
+    return out.masked_fill(~m.any(dim=1, keepdim=True), 0)
+
+
 def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     """Sort token-id lists by length (longest first) and pad each batch to its own longest.
 
@@ -87,6 +104,18 @@ def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     return order, batches
 
 
+def _json_object(path: Path, kind: type = dict):
+    """A JSON file that must hold a `kind` (object or list): its value, or a ValueError naming the file."""
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"load_tokenizer: {path} is not valid JSON: {e}") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"load_tokenizer: {path} must hold a JSON {'object' if kind is dict else 'list'}, got "
+                         f"{type(value).__name__}")
+    return value
+
+
 class TextEncoderMixin:
     """`encode()` for the text encoders. The model class provides `_encode(ids, mask, types) -> (x, PackedBatch)`."""
 
@@ -97,23 +126,30 @@ class TextEncoderMixin:
         """Read tokenizer.json and sentence-transformers settings (pooling, normalize, max length) from `folder`."""
         folder = Path(folder)
         defaults: dict = {}
+        tok = None
         if (folder / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
 
-            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            try:
+                tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            except Exception as e:  # the tokenizers library's message does not name the file
+                raise ValueError(f"load_tokenizer: cannot read {folder / 'tokenizer.json'}: {type(e).__name__}: "
+                                 f"{e}") from None
             tok.no_padding()
             tok.no_truncation()
-            object.__setattr__(self, "tokenizer", tok)
         pool_cfg = folder / "1_Pooling" / "config.json"
         if pool_cfg.is_file():
-            p = json.loads(pool_cfg.read_text())
+            p = _json_object(pool_cfg)
             defaults["pooling"] = "cls" if p.get("pooling_mode_cls_token") else "mean"
         mods = folder / "modules.json"
         if mods.is_file():
-            defaults["normalize"] = any("Normalize" in m.get("type", "") for m in json.loads(mods.read_text()))
+            m = _json_object(mods, list)
+            defaults["normalize"] = any(isinstance(e, dict) and "Normalize" in str(e.get("type", "")) for e in m)
         st_cfg = folder / "sentence_bert_config.json"
         if st_cfg.is_file():
-            defaults["max_length"] = json.loads(st_cfg.read_text()).get("max_seq_length")
+            defaults["max_length"] = _json_object(st_cfg).get("max_seq_length")
+        if tok is not None:
+            object.__setattr__(self, "tokenizer", tok)
         object.__setattr__(self, "encode_defaults", defaults)
 
     def _tokenize(self, texts: Sequence[str], max_length: int) -> list[list[int]]:

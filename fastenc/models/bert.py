@@ -4,7 +4,9 @@ blocks with one fused QKV GEMM, GELU MLP with fused bias, varlen attention; tanh
 Usage: model = BertModel(BertConfig(...)) or fastenc.from_hf(hf_bert) / fastenc.from_pretrained(folder);
   model(input_ids, attention_mask=None, token_type_ids=None) -> last hidden state (batch, seq, hidden), zeros at
   padded positions; return_packed=True -> (hidden (total_tokens, hidden), PackedBatch with cu_seqlens).
-  model.pool(last_hidden) -> pooler output (batch, hidden); model.encode(texts) -> sentence embeddings.
+  model.pool(last_hidden, attention_mask) -> pooler output (batch, hidden); model.encode(texts) -> sentence
+  embeddings. Pooling (pooler, classifier, encode(pooling='cls')) reads each row's first real token, left
+  padding or not; fastenc.accelerate follows transformers instead (column 0, padding or not).
 Parameter names (fastenc side of the weight map in convert.py): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*.
@@ -19,7 +21,8 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
 from fastenc.lora import LoraMixin
-from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
+from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
+from fastenc.models.columns import column_attention, padded_first_rows
 from fastenc.models.config import BertConfig
 
 
@@ -77,21 +80,44 @@ class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
 
     def _encode(self, input_ids, attention_mask=None, token_type_ids=None):
         """Embeddings + all layers on packed tokens. Returns (x (total, hidden), PackedBatch)."""
+        x, batch, _ = self._run(input_ids, attention_mask, token_type_ids)
+        return x, batch
+
+    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False):
+        """(x (total, hidden), PackedBatch, first): first (batch, hidden) is the last hidden state at column 0 of
+        each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
+        padded query's as transformers computes it (it sees the row's real tokens and is no key itself)."""
         cfg = self.config
         input_ids, mask, types = check_text_inputs(type(self).__name__, input_ids, attention_mask, token_type_ids,
                                                    cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size)
         batch, ids, pos = pack_text(input_ids, mask)
-        types = None if types is None else batch.gather(types.to(input_ids.device))
-        x = self.embeddings(ids, pos, types)
+        if types is not None:
+            types = types.to(input_ids.device)
+        x = self.embeddings(ids, pos, None if types is None else batch.gather(types))
+        rows = padded_first_rows(mask) if column0 else None
+        if rows is not None:  # the padded column-0 queries, run beside the packed tokens
+            zero = torch.zeros_like(rows)
+            xg = self.embeddings(input_ids[rows, 0], zero, None if types is None else types[rows, 0])
         for layer in self.layers:
+            if rows is not None:  # (before `layer` overwrites x)
+                o = column_attention(layer.attn, xg, rows, zero, x, batch.cu_seqlens, pos)
+                xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
+                xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
             x = layer(x, batch.cu_seqlens, batch.max_seqlen)
-        return x, batch
+        first = None
+        if column0:
+            first = batch.first_tokens(x)
+            if rows is not None:
+                first = first.index_copy(0, rows, xg.to(first.dtype))
+        return x, batch, first
 
-    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
-        """tanh(dense(hidden[:, 0])): hidden (batch, seq, hidden) -> (batch, hidden)."""
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tanh(dense(first token)): hidden (batch, seq, hidden) -> (batch, hidden). The first token is each
+        row's first real token (attention_mask (batch, seq) given; the [CLS] token wherever padding puts it),
+        else column 0."""
         if self.pooler is None:
             raise ValueError(f"{type(self).__name__}: this model has no pooler (add_pooling_layer=False)")
-        return torch.tanh(self.pooler(hidden[:, 0]))
+        return torch.tanh(self.pooler(first_real(hidden, attention_mask)))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
@@ -99,7 +125,7 @@ class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
 
 
 class BertForSequenceClassification(BertModel):
-    """logits = classifier(pooler(hidden[:, 0])): (batch, num_labels)."""
+    """logits = classifier(pooler(first real token)): (batch, num_labels)."""
     task = "sequence_classification"
 
     def __init__(self, config: BertConfig):

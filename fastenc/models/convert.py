@@ -142,12 +142,22 @@ def hf_to_fastenc(entries: Iterable[Entry], hf_state: Mapping[str, torch.Tensor]
         if kind == "copy":
             out[fe] = ts[0]
         elif kind == "qkv":
+            for h, t in zip(hs, ts):  # q, k and v: each (hidden, hidden) or (hidden,)
+                want = _qkv_part_shape(fe, cfg, ts)
+                if tuple(t.shape) != want:
+                    raise ValueError(f"weight {h} must have shape {want}, got {tuple(t.shape)}")
             out[fe] = torch.cat(ts, dim=0)
         elif kind == "patch":
             out[fe] = ts[0].reshape(ts[0].shape[0], -1)
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
     return out
+
+
+def _qkv_part_shape(fe: str, cfg, ts) -> tuple[int, ...]:
+    """The shape each of query, key and value must have: (hidden, hidden) weights, (hidden,) biases."""
+    hidden = getattr(cfg, "hidden_size", None) or ts[-1].shape[0]
+    return (hidden,) if fe.endswith(".bias") else (hidden, hidden)
 
 
 def fastenc_to_hf(entries: Iterable[Entry], state: Mapping[str, torch.Tensor], cfg=None) -> dict[str, torch.Tensor]:

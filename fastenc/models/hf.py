@@ -1,23 +1,39 @@
 """Drop-in acceleration of a transformers encoder: `fastenc.accelerate(hf_model)` returns a new module that is an
 instance of a per-call subclass of the model's own class (same name, config, submodules, forward signature and
 output type), whose forward runs the fastenc model. Nothing in transformers is patched: the original model and
-its class are untouched. Calls the fastenc path cannot serve exactly (training mode, labels, inputs_embeds,
-output_attentions / output_hidden_states, explicit position_ids, interpolate_pos_encoding, masked patches) go
-to the original forward.
+its class are untouched.
+
+A call the fastenc path cannot serve exactly runs the original forward and says why, once per reason and
+model, with a `FallbackWarning`: gradients (training mode, or grad mode on with parameters that require grad),
+dropout in training mode, labels (the loss), inputs_embeds, output_attentions / output_hidden_states (argument
+or config), explicit position_ids, a mask that is not (batch, seq), ViT's interpolate_pos_encoding /
+bool_masked_pos / attention_mask, and left padding the padded column-0 query cannot be computed for (below).
+
+Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
+padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
+give transformers' pooled output. Hidden states and token logits at other padded positions are zeros.
 """
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 
 from fastenc.models.loading import SUPPORTED, from_hf
 
-# Arguments the fastenc path understands; anything else set to a non-default value falls back to transformers.
-_HANDLED = {"input_ids", "attention_mask", "token_type_ids", "pixel_values", "return_dict"}
-_IGNORED_FALSEY = {"output_attentions", "output_hidden_states", "use_cache", "labels", "position_ids",
-                   "inputs_embeds", "head_mask", "interpolate_pos_encoding", "bool_masked_pos",
-                   "encoder_hidden_states", "encoder_attention_mask", "past_key_values", "cache"}
+# Arguments the fastenc path understands, per architecture; any other set to a value other than None/False falls
+# back to transformers (with a warning naming it).
+_HANDLED = {"bert": {"input_ids", "attention_mask", "token_type_ids", "return_dict"},
+            "modernbert": {"input_ids", "attention_mask", "token_type_ids", "return_dict"},  # (types: unused)
+            "vit": {"pixel_values", "return_dict"}}
+_WHY = {"labels": "labels= (the loss) is not supported", "inputs_embeds": "inputs_embeds is not supported",
+        "position_ids": "explicit position_ids are not supported",
+        "attention_mask": "attention_mask (ViT) is not supported"}
+
+
+class FallbackWarning(UserWarning):
+    """A call to a module made by fastenc.accelerate ran on the transformers forward (the message says why)."""
 
 
 def _output_type(arch: str, task: str):
@@ -33,6 +49,75 @@ def _output_type(arch: str, task: str):
             "vit": mo.BaseModelOutputWithPooling}[arch]
 
 
+def _dropouts(config) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(config.to_dict().items())
+            if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+
+
+def _needs_column0(arch: str, task: str, fe) -> bool:
+    if task == "token_classification" or arch == "vit":
+        return False
+    return not (task == "sequence_classification" and getattr(fe.config, "classifier_pooling", "cls") == "mean")
+
+
+def _left_padding_reasons(arch: str, fe, mask) -> list[str]:
+    """Left-padded rows whose padded column-0 query transformers computes over no visible key (its masked softmax
+    is then uniform over the padding): not served."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[1] == 0:
+        return []
+    m = mask.bool()
+    if bool(m[:, 0].all()):
+        return []
+    if not bool(m.any(1).all()):
+        return ["a row of attention_mask has no real token (its pooled column 0 sees no key)"]
+    if arch == "modernbert" and any(layer.attn.window is not None for layer in fe.layers):
+        half = min(layer.attn.window[1] for layer in fe.layers if layer.attn.window is not None)
+        first = m.int().argmax(1)
+        if bool((first > half).any()):
+            return [f"left padding longer than half the local window ({half} columns): the padded column-0 "
+                    f"query sees no key in the local layers"]
+    return []
+
+
+def _reasons(self, a: dict, arch: str) -> list[str]:
+    """Why the fastenc path cannot serve this call exactly (empty: it can)."""
+    out = []
+    grads = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+    if self.training:
+        if grads:
+            out.append("training mode: fastenc's training path is not available for this model")
+        drop = _dropouts(self.config)
+        if drop:
+            out.append(f"training mode with dropout ({', '.join(drop)}): fastenc's forward has no dropout")
+    elif grads:
+        out.append("gradients: grad mode is on and the model has parameters that require grad, and fastenc's "
+                   "forward records no gradients (call it under torch.inference_mode() or torch.no_grad())")
+    for k, v in a.items():
+        if k in _HANDLED[arch] or v is None or v is False:
+            continue
+        out.append(_WHY.get(k) or (f"{k}={v!r} is not supported" if isinstance(v, (bool, int, float, str))
+                                   else f"argument {k!r} is not supported"))
+    for flag in ("output_attentions", "output_hidden_states"):
+        if a.get(flag) is None and getattr(self.config, flag, False):
+            out.append(f"config.{flag}=True is not supported")
+    mask = a.get("attention_mask")
+    if arch != "vit" and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+        out.append(f"attention_mask of shape {tuple(getattr(mask, 'shape', ()))} is not supported (only "
+                   f"(batch, seq))")
+    elif arch != "vit" and _needs_column0(arch, type(self)._fastenc_kind[1], self.__dict__["_fastenc"]):
+        out += _left_padding_reasons(arch, self.__dict__["_fastenc"], mask)
+    return out
+
+
+def _warn(self, reasons: list[str]) -> None:
+    seen = self.__dict__.setdefault("_fastenc_warned", set())
+    for r in reasons:
+        if r not in seen:
+            seen.add(r)
+            warnings.warn(f"fastenc.accelerate({type(self).__name__}): {r}; running the transformers forward",
+                          FallbackWarning, stacklevel=6)  # (the caller of the module)
+
+
 def _fast_forward(self, *args, **kwargs):
     sig = type(self)._fastenc_signature
     bound = sig.bind(self, *args, **kwargs)
@@ -40,12 +125,12 @@ def _fast_forward(self, *args, **kwargs):
     a.pop("self", None)
     extra = a.pop("kwargs", {}) or {}
     a.update(extra)
-    slow = self.training or any(k not in _HANDLED and k not in _IGNORED_FALSEY for k, v in a.items() if v is not None)
-    slow = slow or any(a.get(k) is not None and a.get(k) is not False for k in _IGNORED_FALSEY)
-    fe = self.__dict__["_fastenc"]
-    if slow or fe is None:
-        return type(self).__mro__[1].forward(self, *args, **kwargs)
     arch, task = type(self)._fastenc_kind
+    reasons = _reasons(self, a, arch)
+    if reasons:
+        _warn(self, reasons)
+        return type(self).__mro__[1].forward(self, *args, **kwargs)
+    fe = self.__dict__["_fastenc"]
     return_dict = a.get("return_dict")
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
@@ -58,18 +143,27 @@ def _fast_forward(self, *args, **kwargs):
             out = out_cls(last_hidden_state=hidden, pooler_output=fe.pool(hidden) if fe.pooler is not None else None)
         else:
             out = out_cls(logits=fe(pv))
-    else:
-        ids, mask, types = a.get("input_ids"), a.get("attention_mask"), a.get("token_type_ids")
-        if arch == "modernbert":
-            types = None
-        if task == "base":
-            hidden = fe(ids, mask, types)
+        return out if return_dict else out.to_tuple()
+    ids, mask, types = a.get("input_ids"), a.get("attention_mask"), a.get("token_type_ids")
+    if task == "token_classification":
+        out = out_cls(logits=fe(ids, mask, types) if arch == "bert" else fe(ids, mask))
+    elif task == "sequence_classification" and arch == "modernbert" and fe.config.classifier_pooling == "mean":
+        out = out_cls(logits=fe(ids, mask))
+    else:  # column 0 as transformers reads it, padding or not
+        x, batch, first = fe._run(ids, mask, types, column0=True) if arch == "bert" else \
+            fe._run(ids, mask, column0=True)
+        if task == "sequence_classification":
+            pooled = torch.tanh(fe.pooler(first)) if arch == "bert" else fe.head(first)
+            out = out_cls(logits=fe.classifier(pooled))
+        else:
+            hidden = batch.pad(x)
+            if batch.indices is not None:  # (a new tensor: padding was re-inserted)
+                hidden[:, 0] = first
             if arch == "bert":
-                out = out_cls(last_hidden_state=hidden, pooler_output=fe.pool(hidden) if fe.pooler is not None else None)
+                out = out_cls(last_hidden_state=hidden,
+                              pooler_output=torch.tanh(fe.pooler(first)) if fe.pooler is not None else None)
             else:
                 out = out_cls(last_hidden_state=hidden)
-        else:
-            out = out_cls(logits=fe(ids, mask, types))
     return out if return_dict else out.to_tuple()
 
 

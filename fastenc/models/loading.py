@@ -58,15 +58,23 @@ def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefi
         state = convert.hf_to_fastenc(entries, hf_state, cfg)
     except KeyError as e:
         raise ValueError(f"{arch} ({task}): {e.args[0]}") from None
+    except ValueError as e:
+        raise ValueError(f"{arch} ({task}): {e}") from None
     if copy:
         shared = {id(t) for t in hf_state.values()}
         state = {k: v.detach().clone() if id(v) in shared else v for k, v in state.items()}
     with torch.device("meta"):
         model = model_class(arch, task)(cfg)
     expected = dict(model.state_dict())
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(expected[k].shape):
-            raise ValueError(f"{arch}: weight {k} must have shape {tuple(expected[k].shape)}, got {tuple(v.shape)}")
+    for fe, hs, kind in entries:
+        v = state[fe]
+        if tuple(v.shape) != tuple(expected[fe].shape):
+            want = tuple(expected[fe].shape)
+            if kind == "patch":  # the conv weight, as the checkpoint holds it
+                want = (want[0], cfg.num_channels, cfg.patch_size, cfg.patch_size)
+                v = hf_state[hs[0]]
+            raise ValueError(f"{arch}: weight {hs[0] if len(hs) == 1 else fe} must have shape {want}, got "
+                             f"{tuple(v.shape)}")
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()
@@ -106,6 +114,27 @@ def from_hf(hf_model, copy: bool = True):
     return model
 
 
+class _UnsafeShard(ValueError):
+    pass
+
+
+def _shard_files(folder: Path, idx: Path) -> list[Path]:
+    """The shard files a model.safetensors.index.json names: plain file names inside the model folder only."""
+    index = json.loads(idx.read_text())
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not all(isinstance(f, str) for f in wmap.values()):
+        raise ValueError("weight_map must be an object of tensor name -> shard file name")
+    root = folder.resolve()
+    out = []
+    for f in sorted(set(wmap.values())):
+        path = (folder / f).resolve()
+        if Path(f).is_absolute() or ".." in Path(f).parts or path.parent != root:
+            raise _UnsafeShard(f"from_pretrained: {idx} names the shard {f!r}, which is not a file inside the model "
+                               f"folder {folder}; refusing to read it")
+        out.append(path)
+    return out
+
+
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     st, idx, pt = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
     try:
@@ -114,16 +143,17 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
             return load_file(str(st))
         if idx.is_file():
             from safetensors.torch import load_file
-            files = sorted(set(json.loads(idx.read_text())["weight_map"].values()))
             state: dict[str, torch.Tensor] = {}
-            for f in files:
-                state.update(load_file(str(folder / f)))
+            for f in _shard_files(folder, idx):
+                state.update(load_file(str(f)))
             return state
         if pt.is_file():
             state = torch.load(str(pt), map_location="cpu", weights_only=True)
             if not isinstance(state, dict):
                 raise ValueError(f"expected a state dict, got {type(state).__name__}")
             return state
+    except _UnsafeShard:
+        raise
     except Exception as e:  # corrupt or truncated file: one clear error, nothing loaded
         bad = st if st.is_file() else idx if idx.is_file() else pt
         raise ValueError(f"from_pretrained: cannot read weights from {bad}: {type(e).__name__}: {e}") from None
@@ -145,9 +175,14 @@ def from_pretrained(path, device=None, dtype=None):
         raise FileNotFoundError(f"from_pretrained: {cfg_file} not found")
     try:
         d = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"from_pretrained: {cfg_file} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"from_pretrained: {cfg_file} must hold a JSON object (a config), got a "
+                         f"{type(d).__name__}")
     archs = d.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"from_pretrained: {cfg_file}: architectures must be a list of class names, got {archs!r}")
     name = archs[0] if archs else None
     if name in SUPPORTED:
         arch, task = SUPPORTED[name]

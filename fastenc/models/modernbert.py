@@ -19,6 +19,7 @@ from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
+from fastenc.models.columns import column_attention, padded_first_rows, row_tokens, rows_with_holes
 from fastenc.models.config import ModernBertConfig
 
 
@@ -82,6 +83,16 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
 
     def _encode(self, input_ids, attention_mask=None, token_type_ids=None):
         """Embeddings + all layers on packed tokens. Returns (x (total, hidden), PackedBatch)."""
+        x, batch, _ = self._run(input_ids, attention_mask)
+        return x, batch
+
+    def _run(self, input_ids, attention_mask=None, column0: bool = False):
+        """(x (total, hidden), PackedBatch, first): first (batch, hidden) is the last hidden state at column 0 of
+        each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
+        padded query's as transformers computes it (it sees the row's real tokens and is no key itself).
+
+        Sliding windows are measured in padded columns, as transformers does: rows whose mask has holes (real
+        tokens not contiguous) get their local layers' attention recomputed by columns.column_attention."""
         cfg = self.config
         input_ids, mask, _ = check_text_inputs(type(self).__name__, input_ids, attention_mask, None,
                                                cfg.vocab_size, cfg.max_position_embeddings)
@@ -89,6 +100,13 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
         pos = pos.to(torch.int32)
         length = int(input_ids.shape[1])
         tables = {k: self._rope_table(k, length, ids.device) for k in set(cfg.layer_types)}
+        holes = rows_with_holes(mask) if any(layer.attn.window is not None for layer in self.layers) else None
+        hole_tok = None if holes is None else row_tokens(batch.cu_seqlens, holes)
+        hole_rows = None if holes is None else torch.repeat_interleave(holes, batch.seqlens()[holes])
+        rows = padded_first_rows(mask) if column0 else None
+        if rows is not None:  # the padded column-0 queries' residual stream, run beside the packed tokens
+            zero = torch.zeros_like(rows)
+            hg = self.embeddings(input_ids[rows, 0])
         h = self.embeddings(ids)  # the residual stream
         delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
         for layer in self.layers:
@@ -97,12 +115,31 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
             else:
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
             cos, sin = tables[layer.kind]
-            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos), out_bias=False)
+            window = layer.attn.window
+            if hole_tok is not None and window is not None:
+                o = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
+                fixed = column_attention(layer.attn, y[hole_tok], hole_rows, pos[hole_tok], y, batch.cu_seqlens,
+                                         pos, window, (cos, sin))
+                a = layer.attn.Wo(o.index_copy(0, hole_tok, fixed), with_bias=False)
+            else:
+                a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos), out_bias=False)
+            if rows is not None:
+                yg = hg if layer.attn_norm is None else layer.attn_norm(hg)
+                og = column_attention(layer.attn, yg, rows, zero, y, batch.cu_seqlens, pos, window, (cos, sin))
+                hg = hg + layer.attn.Wo(og)
+                hg = hg + layer.mlp(layer.mlp_norm(hg))
             y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.output_bias())
             delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.output_bias()
         if delta is None:
-            return self.final_norm(h), batch
-        return self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
+            x = self.final_norm(h)
+        else:
+            x = self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False)
+        first = None
+        if column0:
+            first = batch.first_tokens(x)
+            if rows is not None:
+                first = first.index_copy(0, rows, self.final_norm(hg).to(first.dtype))
+        return x, batch, first
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
         x, batch = self._encode(input_ids, attention_mask)

@@ -71,6 +71,9 @@ class ViTModel(LoraMixin, nn.Module):
         if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != want:
             raise ValueError(f"{name}: pixel_values must be (batch, {want[0]}, {want[1]}, {want[2]}), got shape "
                              f"{tuple(pixel_values.shape)}")
+        if pixel_values.shape[0] == 0:
+            raise ValueError(f"{name}: pixel_values must hold at least one image (batch >= 1), got shape "
+                             f"{tuple(pixel_values.shape)}")
         w = self.embeddings.patch.weight
         return pixel_values.to(device=w.device, dtype=w.dtype)
 

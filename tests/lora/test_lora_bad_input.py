@@ -122,3 +122,50 @@ def test_bad_arguments(bert_adapter, tmp_path):
         fe.load_lora(folder, adapter_name="x")
     with pytest.raises(ValueError, match="no unmerged adapter"):
         fe.remove_lora("y")
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_safe_merge_refuses_non_finite_adapter(bert_adapter, tmp_path, merge):
+    hf, folder = bert_adapter
+
+    def nan_b(st):
+        k = _last_key(st, "lora_B")
+        st[k] = st[k].clone()
+        st[k][0, 0] = float("nan")
+        return st
+
+    bad = _edit(folder, tmp_path / "nan", None, nan_b)
+    fe = fastenc.from_hf(hf)
+    snap = snapshot(fe)
+    with pytest.raises(ValueError, match=r"safe_merge: adapter 'nan' produces non-finite \(NaN/inf\) weights in "
+                                         r"\['pooler\."):
+        fe.load_lora(bad, merge=merge, safe_merge=True)
+    assert same_state(fe, snap)  # bit-identical
+    assert fe.lora_adapters == {"merged": [], "unmerged": [], "active": None}
+    assert not any(isinstance(m, LoraLinear) for m in fe.modules())
+    fe.load_lora(folder, merge=merge, safe_merge=True)  # a finite adapter passes the check
+    assert not same_state(fe, snap) if merge else fe.lora_adapters["unmerged"] == [folder.name]
+    with pytest.raises(TypeError, match="safe_merge must be a bool"):
+        fe.load_lora(folder, adapter_name="z", safe_merge=1)
+
+
+def test_corrupt_adapter_files_are_named(bert_adapter, tmp_path):
+    hf, folder = bert_adapter
+    fe = fastenc.from_hf(hf)
+    snap = snapshot(fe)
+    cfg_bad = _edit(folder, tmp_path / "cfg")
+    (cfg_bad / "adapter_config.json").write_text("{\"r\": 8,")
+    with pytest.raises(ValueError, match=r"cfg/adapter_config.json is not valid JSON"):
+        fe.load_lora(cfg_bad)
+    (cfg_bad / "adapter_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"cfg/adapter_config.json must hold a JSON object, got list"):
+        fe.load_lora(cfg_bad)
+    st_bad = _edit(folder, tmp_path / "st")
+    data = (st_bad / "adapter_model.safetensors").read_bytes()
+    (st_bad / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cannot read .*st/adapter_model.safetensors"):
+        fe.load_lora(st_bad)
+    (st_bad / "adapter_model.safetensors").write_bytes(b"\x00" * 5)
+    with pytest.raises(ValueError, match=r"cannot read .*st/adapter_model.safetensors"):
+        fe.load_lora(st_bad)
+    assert same_state(fe, snap)

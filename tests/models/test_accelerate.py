@@ -1,35 +1,62 @@
-"""fastenc.accelerate: same forward signature and output type as the transformers module, no global patching,
-fallback to transformers for what the fast path does not serve."""
+"""fastenc.accelerate: same forward signature and output type as the transformers module, no global patching; the
+fastenc path provably runs (fastenc::attention in the profiler) and every fallback to transformers is announced."""
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 import torch
 
 import fastenc
 import _models_hf as _hf
+from fastenc.models.hf import FallbackWarning
 
 CASES = [("bert", "base", "BaseModelOutputWithPoolingAndCrossAttentions"),
          ("bert", "sequence_classification", "SequenceClassifierOutput"),
          ("bert", "token_classification", "TokenClassifierOutput"),
          ("modernbert", "base", "BaseModelOutput"),
          ("modernbert", "sequence_classification", "SequenceClassifierOutput"),
+         ("modernbert", "token_classification", "TokenClassifierOutput"),
          ("vit", "base", "BaseModelOutputWithPooling"),
          ("vit", "image_classification", "ImageClassifierOutput")]
+IDS = [f"{a}-{t}" for a, t, _ in CASES]
 
 
-def _inputs(arch):
+def ran_fastenc(fn):
+    """(fn(), whether fastenc's attention op ran during the call)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+    return out, any(e.key == "fastenc::attention" for e in prof.key_averages())
+
+
+def _make(arch, task, **kw):
+    small = dict(layers=1, image=32, patch=8) if arch == "vit" else dict(layers=2)
+    return getattr(_hf, arch)(task, **{**small, **kw})
+
+
+def _inputs(arch, seed=11):
     if arch == "vit":
-        return {"pixel_values": torch.randn(2, 3, 32, 32)}
-    ids, mask, _ = _hf.text_batch([9, 4], seed=11)
+        return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))}
+    ids, mask, _ = _hf.text_batch([9, 4], seed=seed)
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("arch,task,out_type", CASES, ids=[f"{a}-{t}" for a, t, _ in CASES])
-def test_same_signature_and_output_type(arch, task, out_type):
-    small = dict(layers=1, image=32, patch=8) if arch == "vit" else dict(layers=2)
-    hf = getattr(_hf, arch)(task, **small)
+def _key(task):
+    return "logits" if task != "base" else "last_hidden_state"
+
+
+def _close(out, ref, mask=None, tol=1e-4):
+    if out.dim() == 3 and mask is not None:
+        out, ref = out[mask.bool()], ref[mask.bool()]
+    assert torch.isfinite(out).all()
+    err = float((out - ref).abs().max())
+    assert err <= tol, err
+
+
+@pytest.mark.parametrize("arch,task,out_type", CASES, ids=IDS)
+def test_same_signature_output_type_and_fastenc_ran(arch, task, out_type):
+    hf = _make(arch, task)
     original_forward = type(hf).forward
     acc = fastenc.accelerate(hf)
     assert type(hf).forward is original_forward  # nothing patched
@@ -38,42 +65,121 @@ def test_same_signature_and_output_type(arch, task, out_type):
     inp = _inputs(arch)
     with torch.no_grad():
         ref = hf(**inp)
-        out = acc(**inp)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            out, fast = ran_fastenc(lambda: acc(**inp))
+        _, slow = ran_fastenc(lambda: hf(**inp))
+    assert fast and not slow
     assert type(out).__name__ == out_type == type(ref).__name__
-    key = "logits" if task != "base" else "last_hidden_state"
-    a, b = getattr(out, key), getattr(ref, key)
-    if a.dim() == 3 and "attention_mask" in inp:
-        m = inp["attention_mask"].bool()
-        a, b = a[m], b[m]
-    assert float((a - b).abs().max()) <= 1e-4
-    tup = acc(**inp, return_dict=False)
-    assert isinstance(tup, tuple) and torch.equal(tup[0], getattr(out, key))
+    _close(getattr(out, _key(task)), getattr(ref, _key(task)), inp.get("attention_mask"))
+    if getattr(ref, "pooler_output", None) is not None:
+        _close(out.pooler_output, ref.pooler_output)
+    with torch.no_grad():
+        tup = acc(**inp, return_dict=False)
+    assert isinstance(tup, tuple) and torch.equal(tup[0], getattr(out, _key(task)))
 
 
-def test_fallback_to_transformers_for_unserved_options():
-    hf = _hf.bert("base")
+@pytest.mark.parametrize("arch,task", [(a, t) for a, t, _ in CASES], ids=IDS)
+def test_training_mode_falls_back_with_a_warning(arch, task):
+    hf = _make(arch, task, hidden_dropout_prob=0.1) if arch != "modernbert" else _make(arch, task, mlp_dropout=0.1)
+    acc = fastenc.accelerate(hf)
+    acc.train()
+    inp = _inputs(arch)
+    with torch.no_grad(), pytest.warns(FallbackWarning, match=r"training mode with dropout \(.*dropout.*=0.1"):
+        _, fast = ran_fastenc(lambda: acc(**inp))
+    assert not fast
+    with pytest.warns(FallbackWarning, match="training mode: fastenc's training path is not available"):
+        out, fast = ran_fastenc(lambda: acc(**inp))
+    assert not fast and getattr(out, _key(task)).requires_grad  # the transformers forward, with its graph
+    with warnings.catch_warnings():  # once per reason
+        warnings.simplefilter("error", FallbackWarning)
+        acc(**inp)
+
+def test_model_built_directly_is_accelerated_once_in_eval():
+    # A transformers model built from a config starts in training mode (dropout 0.1): accelerate says so.
+    cfg = _hf.transformers.BertConfig(vocab_size=211, hidden_size=48, num_hidden_layers=1, num_attention_heads=3,
+                                      intermediate_size=100, attn_implementation="eager")
+    hf = _hf.transformers.BertModel(cfg)
+    assert hf.training
+    acc = fastenc.accelerate(hf)
+    ids, mask, _ = _hf.text_batch([7, 3], seed=2)
+    with torch.no_grad():
+        with pytest.warns(FallbackWarning, match="training mode with dropout"):
+            _, fast = ran_fastenc(lambda: acc(ids, attention_mask=mask))
+        assert not fast
+        acc.eval()
+        hf.eval()
+        out, fast = ran_fastenc(lambda: acc(ids, attention_mask=mask))
+        ref = hf(ids, attention_mask=mask)
+    assert fast
+    _close(out.last_hidden_state, ref.last_hidden_state, mask)
+
+
+def test_training_mode_without_dropout_or_gradients_runs_fastenc():
+    hf = _make("bert", "sequence_classification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    acc = fastenc.accelerate(hf).train()
+    inp = _inputs("bert")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        out, fast = ran_fastenc(lambda: acc(**inp))
+        ref = hf.eval()(**inp)
+    assert fast
+    _close(out.logits, ref.logits)
+
+
+def test_gradients_in_eval_mode_fall_back_with_a_warning():
+    hf = _make("bert", "base")
+    acc = fastenc.accelerate(hf)
+    inp = _inputs("bert")
+    with pytest.warns(FallbackWarning, match="gradients: .*torch.inference_mode"):
+        out, fast = ran_fastenc(lambda: acc(**inp))
+    assert not fast and out.last_hidden_state.requires_grad
+    with torch.inference_mode():
+        _, fast = ran_fastenc(lambda: acc(**inp))
+    assert fast
+
+
+OPTIONS = [
+    ("output_hidden_states", lambda ids: {"output_hidden_states": True}, "output_hidden_states=True is not supported"),
+    ("output_attentions", lambda ids: {"output_attentions": True}, "output_attentions=True is not supported"),
+    ("labels", lambda ids: {"labels": torch.tensor([1, 4])}, r"labels= \(the loss\) is not supported"),
+    ("position_ids", lambda ids: {"position_ids": torch.arange(ids.shape[1]).expand_as(ids)},
+     "explicit position_ids are not supported"),
+    ("mask4d", lambda ids: {"attention_mask": torch.ones(ids.shape[0], 1, ids.shape[1], ids.shape[1])},
+     r"attention_mask of shape \(2, 1, 9, 9\) is not supported"),
+]
+
+
+@pytest.mark.parametrize("name,extra,match", OPTIONS, ids=[o[0] for o in OPTIONS])
+def test_unserved_options_fall_back_with_a_warning(name, extra, match):
+    hf = _make("bert", "sequence_classification")
+    acc = fastenc.accelerate(hf)
+    ids, mask, _ = _hf.text_batch([9, 4], seed=12)
+    kw = {"attention_mask": mask, **extra(ids)}
+    with torch.no_grad():
+        with pytest.warns(FallbackWarning, match=match):
+            out, fast = ran_fastenc(lambda: acc(ids, **kw))
+        ref = hf(ids, **kw)
+    assert not fast and torch.equal(out.logits, ref.logits)
+    if name == "labels":
+        assert out.loss is not None and torch.equal(out.loss, ref.loss)
+
+
+def test_config_flags_and_vit_options_fall_back_with_a_warning():
+    hf = _make("bert", "base")
+    hf.config.output_hidden_states = True
     acc = fastenc.accelerate(hf)
     ids, mask, _ = _hf.text_batch([6, 3], seed=12)
-    with torch.no_grad():
-        out = acc(ids, attention_mask=mask, output_hidden_states=True)
+    with torch.no_grad(), pytest.warns(FallbackWarning, match=r"config.output_hidden_states=True is not supported"):
+        out = acc(ids, attention_mask=mask)
     assert out.hidden_states is not None and len(out.hidden_states) == 3
-    acc.train()
-    try:
-        assert acc.training and not hf.training
-    finally:
-        acc.eval()
+    vit = fastenc.accelerate(_make("vit", "base"))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), pytest.warns(FallbackWarning, match="interpolate_pos_encoding=True is not supported"):
+        _, fast = ran_fastenc(lambda: vit(x, interpolate_pos_encoding=True))
+    assert not fast
 
 
 def test_accelerate_rejects_unsupported():
     with pytest.raises(ValueError, match="unsupported architecture 'Linear'; supported: BertModel"):
         fastenc.accelerate(torch.nn.Linear(2, 2))
-
-
-def test_labels_go_to_transformers_for_the_loss():
-    hf = _hf.bert("sequence_classification")
-    acc = fastenc.accelerate(hf)
-    ids, mask, _ = _hf.text_batch([6, 3], seed=13)
-    with torch.no_grad():
-        out = acc(ids, attention_mask=mask, labels=torch.tensor([1, 4]))
-        ref = hf(ids, attention_mask=mask, labels=torch.tensor([1, 4]))
-    assert out.loss is not None and float((out.loss - ref.loss).abs()) < 1e-5

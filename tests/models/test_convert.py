@@ -144,3 +144,98 @@ def test_bad_images():
         fe(torch.randn(2, 1, 32, 32))
     with pytest.raises(TypeError, match="pixel_values must be a float tensor"):
         fe(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+
+
+def test_wrong_shaped_weights_are_named():
+    hf = _make("bert", "base")
+    hf.encoder.layer[1].attention.self.query.weight = torch.nn.Parameter(torch.randn(60, 64))
+    with pytest.raises(ValueError, match=r"weight encoder.layer.1.attention.self.query.weight must have shape "
+                                         r"\(64, 64\), got \(60, 64\)"):
+        fastenc.from_hf(hf)
+    hf = _make("bert", "base")
+    hf.encoder.layer[0].attention.self.value.bias = torch.nn.Parameter(torch.randn(65))
+    with pytest.raises(ValueError, match=r"encoder.layer.0.attention.self.value.bias must have shape \(64,\), got \(65,\)"):
+        fastenc.from_hf(hf)
+    hf = _make("bert", "base")
+    hf.encoder.layer[0].output.dense.weight = torch.nn.Parameter(torch.randn(64, 100))
+    with pytest.raises(ValueError, match=r"weight encoder.layer.0.output.dense.weight must have shape \(64, 136\), "
+                                         r"got \(64, 100\)"):
+        fastenc.from_hf(hf)
+
+
+def test_bad_config_json_is_named(tmp_path):
+    hf = _make("bert", "base")
+    hf.save_pretrained(tmp_path)
+    cfg = tmp_path / "config.json"
+    d = json.loads(cfg.read_text())
+    cfg.write_text(json.dumps([d]))
+    with pytest.raises(ValueError, match=r"config.json must hold a JSON object \(a config\), got a list"):
+        fastenc.from_pretrained(tmp_path)
+    cfg.write_text(json.dumps({**d, "architectures": "BertModel"}))
+    with pytest.raises(ValueError, match=r"config.json: architectures must be a list of class names, got 'BertModel'"):
+        fastenc.from_pretrained(tmp_path)
+    cfg.write_text("{\"architectures\": [")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        fastenc.from_pretrained(tmp_path)
+
+
+def test_corrupt_tokenizer_files_are_named(tmp_path):
+    hf = _make("bert", "base")
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{\"version\": \"1.0\", \"model\": 42}")
+    with pytest.raises(ValueError, match=r"cannot read .*tokenizer.json"):
+        fastenc.from_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "modules.json").write_text("[{\"type\": ")
+    with pytest.raises(ValueError, match=r"modules.json is not valid JSON"):
+        fastenc.from_pretrained(tmp_path)
+    (tmp_path / "modules.json").write_text("{\"type\": \"Normalize\"}")
+    with pytest.raises(ValueError, match=r"modules.json must hold a JSON list, got dict"):
+        fastenc.from_pretrained(tmp_path)
+
+
+def test_empty_inputs_are_refused():
+    fe = fastenc.from_hf(_hf.bert())
+    with pytest.raises(ValueError, match=r"input_ids must hold at least one sequence of at least one token .*"
+                                         r"got shape \(0, 5\)"):
+        fe(torch.zeros(0, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"got shape \(2, 0\)"):
+        fe(torch.zeros(2, 0, dtype=torch.long))
+    mb = fastenc.from_hf(_hf.modernbert(layers=1))
+    with pytest.raises(ValueError, match=r"ModernBertModel: input_ids must hold at least one sequence"):
+        mb(torch.zeros(0, 3, dtype=torch.long))
+    vit = fastenc.from_hf(_make("vit", "base"))
+    with pytest.raises(ValueError, match=r"pixel_values must hold at least one image .*got shape \(0, 3, 32, 32\)"):
+        vit(torch.zeros(0, 3, 32, 32))
+
+
+def _shard(tmp_path, hf):
+    from safetensors.torch import save_file
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    keys = sorted(state)
+    half = len(keys) // 2
+    wmap = {}
+    for name, part in (("model-00001-of-00002.safetensors", keys[:half]),
+                       ("model-00002-of-00002.safetensors", keys[half:])):
+        save_file({k: state[k] for k in part}, str(tmp_path / name))
+        wmap.update({k: name for k in part})
+    (tmp_path / "model.safetensors").unlink()
+    return wmap
+
+
+def test_sharded_checkpoint_and_path_traversal(tmp_path):
+    hf = _make("bert", "base")
+    folder = tmp_path / "m"
+    hf.save_pretrained(folder)
+    wmap = _shard(folder, hf)
+    idx = folder / "model.safetensors.index.json"
+    idx.write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    fe = fastenc.from_pretrained(folder)
+    for k, v in fastenc.from_hf(hf).state_dict().items():
+        assert torch.equal(fe.state_dict()[k], v), k
+    outside = tmp_path / "x.safetensors"
+    (folder / "model-00002-of-00002.safetensors").rename(outside)
+    for bad in ("../x.safetensors", str(outside)):
+        idx.write_text(json.dumps({"weight_map": {k: (bad if "2-of" in f else f) for k, f in wmap.items()}}))
+        with pytest.raises(ValueError, match=rf"names the shard '{bad}', which is not a file inside the model folder"):
+            fastenc.from_pretrained(folder)
