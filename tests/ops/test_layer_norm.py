@@ -158,8 +158,7 @@ def _offset_view(rows, hidden, dtype, dev, scale=1.0):
     return t
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, testing.DTYPES, _x))
 @pytest.mark.parametrize("hidden", [1001, 1152], ids=lambda h: f"h{h}")
 def test_layer_norm_misaligned(backend, dtype, hidden):
     """Width 1001 (no whole 16-byte vectors per row) and storage-offset-1 views of x, residual, weight and bias:

@@ -120,8 +120,7 @@ def test_merge_lora_bad_input(make, match):
         ops.merge_lora(*make(w, a, b))
 
 
-@pytest.mark.parametrize("backend", testing.backends_for(OP))
-@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, testing.DTYPES, _w))
 @pytest.mark.parametrize("in_f", [1001, 1152], ids=lambda n: f"in{n}")
 def test_merge_lora_misaligned(backend, dtype, in_f):
     """Width 1001 (no whole 8-element vectors per row) and a weight starting one element into its storage: the

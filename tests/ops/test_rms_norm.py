@@ -102,8 +102,7 @@ def _offset_view(rows, hidden, dtype, dev, scale=1.0):
     return t
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, testing.DTYPES, _x))
 @pytest.mark.parametrize("hidden", [1001, 1152], ids=lambda h: f"h{h}")
 def test_rms_norm_misaligned(backend, dtype, hidden):
     """Width 1001 and storage-offset-1 views: the element-access path, never a misaligned vector load."""
@@ -114,8 +113,7 @@ def test_rms_norm_misaligned(backend, dtype, hidden):
     _check(backend, x, w, None)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", testing.DTYPES, ids=testing.dtype_id)
+@pytest.mark.parametrize("backend,dtype", testing.dtype_cases(OP, testing.DTYPES, _x))
 @pytest.mark.parametrize("residual", [False, True], ids=["nores", "res"])
 def test_rms_norm_without_weight(backend, dtype, residual):
     """weight=None: plain normalization y = h * rsqrt(mean(h^2) + eps), on every backend."""
