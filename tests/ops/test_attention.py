@@ -262,7 +262,7 @@ def test_triton_config_heuristic_and_autotune_cache(monkeypatch, tmp_path):
         for d in (32, 64, 80, 96, 128, 256):
             for dt in testing.DTYPES:
                 cfg = ka.default_config(d, dt, cc)
-                assert cfg.block_m in (32, 64, 128) and cfg.block_n in (32, 64, 128) and cfg.num_warps in (4, 8)
+                assert cfg.block_m in (16, 32, 64, 128) and cfg.block_n in (16, 32, 64, 128) and cfg.num_warps in (4, 8)
                 assert cfg in ka.candidate_configs(d, dt, cc) or dt == torch.float32
     with pytest.raises(dataclasses.FrozenInstanceError):
         ka.default_config(64, torch.float16, 90).block_m = 1
