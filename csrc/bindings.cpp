@@ -367,7 +367,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2,
               "attention: cu_seqlens must be 1-D int32 of length batch+1");
   TORCH_CHECK(window_left >= -1 && window_right >= -1, "attention: window sizes must be >= 0 or -1 (unbounded)");
-  Tensor cu = cu_seqlens.contiguous();
+  // A private copy: the values checked here are the values the kernel reads (the caller's tensor can change).
+  Tensor cu = cu_seqlens.clone(at::MemoryFormat::Contiguous);
   const int32_t* c = cu.data_ptr<int32_t>();
   const int64_t batch = cu.numel() - 1, total = q.size(0);
   TORCH_CHECK(c[0] == 0 && c[batch] == total, "attention: cu_seqlens must run from 0 to total_tokens=", total);
@@ -737,8 +738,9 @@ Tensor merge_lora_cuda(const Tensor& weight, const Tensor& lora_a, const Tensor&
   return out;
 }
 
-// cu_seqlens and max_seqlen are trusted (fastenc.ops.attention validated them on the host): reading them
-// back here would synchronize the stream.
+// cu_seqlens is not read back here (that would synchronize the stream): fastenc.ops.attention validated it on
+// the host (and max_seqlen from the values it read), and the kernel skips a sequence whose bounds it reads
+// outside [0, total_tokens].
 Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
                       int64_t window_left, int64_t window_right, double scale) {
   check_on(q, q, "attention", "q");
@@ -765,8 +767,8 @@ Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const T
   Tensor out = at::empty_like(qc);
   if (q.numel() == 0) return out;
   check_launch(fastenc_cuda::attention_fwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
-                                           cu.data_ptr<int32_t>(), cu.numel() - 1, q.size(1), q.size(2), max_seqlen,
-                                           window_left, window_right, static_cast<float>(scale), dt,
+                                           cu.data_ptr<int32_t>(), q.size(0), cu.numel() - 1, q.size(1), q.size(2),
+                                           max_seqlen, window_left, window_right, static_cast<float>(scale), dt,
                                            c10::cuda::getCurrentCUDAStream()),
                "attention");
   return out;

@@ -25,21 +25,25 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attention_fwd_kernel(Q, K, V, O, CU, stride_t, stride_h, window_left, window_right, qk_scale,
+def _attention_fwd_kernel(Q, K, V, O, CU, total, m_blocks, stride_t, stride_h, window_left, window_right, qk_scale,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
-    # Program (query tile m, head h, sequence b). Base-2 online softmax over key tiles j, with
+    # Program (query tile m, sequence b) on grid axis 0 = m_blocks * batch (sequence-major, as the CUDA kernel:
+    # grid y and z stop at 65,535), head h on axis 1. Base-2 online softmax over key tiles j, with
     # s = q.k * scale * log2(e) (so e^(scale q.k) = 2^s):
     #   m'   = max(m, rowmax(s_j))              running max
     #   p    = 2^(s_j - m'),  alpha = 2^(m - m')
     #   l    = alpha * l + rowsum(p)            running denominator
     #   acc  = alpha * acc + p @ v_j            running numerator (fp32)
     # out = acc / l. Keys outside the sequence or the window get s = -inf (p = 0).
-    pid_m = tl.program_id(0)
+    pid = tl.program_id(0)
+    b = pid // m_blocks
+    pid_m = pid - b * m_blocks
     h = tl.program_id(1)
-    b = tl.program_id(2)
-    start = tl.load(CU + b)
-    seqlen = tl.load(CU + b + 1) - start
+    # cu_seqlens is bounds-checked where it is read: 0 <= start <= end <= total whatever the tensor holds, so no
+    # load or store leaves rows [0, total).
+    start = tl.minimum(tl.maximum(tl.load(CU + b), 0), total)
+    seqlen = tl.minimum(tl.maximum(tl.load(CU + b + 1), start), total) - start
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen:
         return
@@ -99,6 +103,27 @@ def _attention_fwd_kernel(Q, K, V, O, CU, stride_t, stride_h, window_left, windo
              mask=row_ok[:, None] & d_ok[None, :])
 
 
+def block_d(head_dim: int) -> int:
+    """The head dim padded to a power of two, at least 16: tl.dot needs K >= 16 on NVIDIA GPUs (the masks zero
+    the padding)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+GRID_Y_MAX = 65535  # CUDA's limit on grid y and z (x goes to 2**31 - 1)
+
+
+def launch_grid(max_seqlen: int, total: int, batch: int, heads: int, block_m: int) -> tuple[int, int]:
+    """(m_blocks, grid): m_blocks query tiles per sequence, from the longest length (capped by total: no sequence
+    is longer), grid (m_blocks * batch, heads)."""
+    m_blocks = triton.cdiv(max(1, min(max_seqlen, total)), block_m)
+    if heads > GRID_Y_MAX:
+        raise ValueError(f"attention (triton): heads must be <= {GRID_Y_MAX}, got {heads}")
+    if m_blocks * batch > 2 ** 31 - 1:
+        raise ValueError(f"attention (triton): {batch} sequences x {m_blocks} query tiles exceed the grid "
+                         f"(2**31 - 1 programs)")
+    return m_blocks, (m_blocks * batch, heads)
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Launch configuration of _attention_fwd_kernel."""
@@ -115,27 +140,28 @@ def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> Attenti
     The fp32 accumulator (BLOCK_M x BLOCK_D) and the q tile live in registers: wide heads get shorter query
     tiles so nothing spills; sm_90 has the shared memory for deeper K/V pipelines than sm_80.
     """
-    bd = triton.next_power_of_2(head_dim)
+    bd = block_d(head_dim)
+    masked = head_dim != bd  # a live head-dim mask (unaligned rows) costs registers: lighter tiles
     if cc is None:  # interpreter: few large tiles (its cost grows with the number of tile steps)
         return AttentionConfig(64, 64, 4, 1)
     if dtype == torch.float32:  # IEEE fp32 dots: twice the register and shared-memory footprint
-        return AttentionConfig(64, 32, 8, 2) if bd <= 64 else AttentionConfig(32, 32, 4, 2)
+        if bd <= 64:
+            return AttentionConfig(64, 32, 8, 2)
+        return AttentionConfig(16, 16, 4, 2) if bd <= 128 else AttentionConfig(32, 16, 8, 1)
+    if bd > 128:  # head dims 136..256: the fp32 accumulator needs 8 warps' registers
+        return AttentionConfig(32, 16, 4, 2) if masked else AttentionConfig(64, 32, 8, 2)
     if cc >= 90:
         if bd <= 64:
-            return AttentionConfig(128, 128, 8, 3)
-        if bd <= 128:
-            return AttentionConfig(128, 64, 8, 2)
-        return AttentionConfig(64, 64, 4, 2)
+            return AttentionConfig(128, 64, 8, 3) if masked else AttentionConfig(128, 128, 8, 3)
+        return AttentionConfig(128, 64, 8, 2)
     if bd <= 64:
         return AttentionConfig(128, 64, 8, 3)
-    if bd <= 128:
-        return AttentionConfig(128, 32, 8, 2)
-    return AttentionConfig(64, 32, 4, 2)
+    return AttentionConfig(128, 32, 8, 2)
 
 
 def candidate_configs(head_dim: int, dtype: torch.dtype, cc: int) -> list[AttentionConfig]:
     """The autotuning space, filtered to what fits (keep() in the spirit of Triton's tutorial 06)."""
-    bd = triton.next_power_of_2(head_dim)
+    bd = block_d(head_dim)
     out = []
     for bm in (64, 128):
         for bn in (32, 64, 128):
@@ -212,52 +238,67 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
                   window_left: int, window_right: int, scale: float,
                   config: AttentionConfig | None = None) -> torch.Tensor:
     """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
-    window -1 = unbounded. Returns out like q. `config` overrides the heuristic / autotuned choice."""
+    window -1 = unbounded. Returns out like q. `config` overrides the heuristic / autotuned choice.
+    max_seqlen must be >= every length (it sizes the grid; fastenc.ops.attention passes the longest it read).
+    Memory-safe with any cu_seqlens values: the kernel clamps them to [0, total_tokens]."""
     total, heads, d = q.shape
     out = torch.empty_like(q)
     batch = cu_seqlens.numel() - 1
     if total == 0 or batch == 0:
         return out.zero_()
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    # A window side >= total_tokens bounds nothing; the others stay below it, and with total <= 2**30 the
+    # kernel's int32 sums (row + window) cannot overflow.
+    wl = -1 if window_left < 0 or window_left >= total else int(window_left)
+    wr = -1 if window_right < 0 or window_right >= total else int(window_right)
+    if total > (2 ** 30 if wl >= 0 or wr >= 0 else 2 ** 31 - 1):
+        bound = "2**30 with a window" if wl >= 0 or wr >= 0 else "2**31 - 1"
+        raise ValueError(f"attention (triton): total_tokens must be <= {bound}, got {total}")
 
     def run(cfg: AttentionConfig) -> None:
-        grid = (triton.cdiv(max(max_seqlen, 1), cfg.block_m), heads, batch)
+        m_blocks, grid = launch_grid(max_seqlen, total, batch, heads, cfg.block_m)
         _attention_fwd_kernel[grid](
-            q, k, v, out, cu, heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E,
-            D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32,
+            q, k, v, out, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E,
+            D=d, BLOCK_D=block_d(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            HAS_LEFT=wl >= 0, HAS_RIGHT=wr >= 0, IEEE=q.dtype == torch.float32,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     with on_device(q):
-        cfg = config or _choose(q, max_seqlen, window_left >= 0 or window_right >= 0, run)
+        cfg = config or _choose(q, max_seqlen, wl >= 0 or wr >= 0, run)
         run(cfg)
     return out
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (see kernels/_compile.py; each is compiled for sm_90 and sm_80):
-    the heuristic's sm_90 / sm_80 launch configs for head dims 64 and 128 in fp16 and bf16, ModernBERT's
-    windowed bf16 case, and fp32."""
+    """Ahead-of-time compile configurations (see kernels/_compile.py; each is compiled for sm_90 and sm_80): the
+    heuristic's launch configs over every BLOCK_D the backend can get (head dims 8..256, multiples of 8 -> 16,
+    32, 64, 128, 256), fp16 and bf16 with the sm_90 and sm_80 choices, fp32, and ModernBERT's windowed bf16
+    case. Head dims that are not a power of two (8, 24, 40, 80, 200) exercise the head-dim mask and its configs."""
     specs = []
-    cases = [("fp16", torch.float16, 64, False, 90), ("bf16", torch.bfloat16, 64, False, 80),
+    cases = [("fp16", torch.float16, 8, False, 90), ("bf16", torch.bfloat16, 24, False, 90),
+             ("fp16", torch.float16, 40, False, 90), ("fp16", torch.float16, 64, False, 90),
+             ("bf16", torch.bfloat16, 64, False, 80), ("bf16", torch.bfloat16, 80, False, 90),
              ("fp16", torch.float16, 128, False, 80), ("bf16", torch.bfloat16, 128, False, 90),
+             ("fp16", torch.float16, 256, False, 90), ("bf16", torch.bfloat16, 200, False, 80),
              ("bf16", torch.bfloat16, 64, True, 90), ("bf16", torch.bfloat16, 64, True, 80),
-             ("fp32", torch.float32, 64, False, 90)]
+             ("fp32", torch.float32, 8, False, 90), ("fp32", torch.float32, 32, False, 80),
+             ("fp32", torch.float32, 64, False, 90), ("fp32", torch.float32, 128, False, 80),
+             ("fp32", torch.float32, 200, False, 90), ("fp32", torch.float32, 256, False, 90)]
     for tname, dtype, d, windowed, cc in cases:
         cfg = default_config(d, dtype, cc)
         ptr = "*" + tname
         specs.append({
             "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}",
             "fn": _attention_fwd_kernel,
-            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "CU": "*i32", "stride_t": "i32",
-                          "stride_h": "i32", "window_left": "i32", "window_right": "i32", "qk_scale": "fp32",
-                          "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
+            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "CU": "*i32", "total": "i32", "m_blocks": "i32",
+                          "stride_t": "i32", "stride_h": "i32", "window_left": "i32", "window_right": "i32",
+                          "qk_scale": "fp32", "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
                           "BLOCK_N": "constexpr", "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr",
                           "IEEE": "constexpr"},
-            "constexprs": {"D": d, "BLOCK_D": triton.next_power_of_2(d), "BLOCK_M": cfg.block_m,
+            "constexprs": {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m,
                            "BLOCK_N": cfg.block_n, "HAS_LEFT": windowed, "HAS_RIGHT": windowed,
                            "IEEE": dtype == torch.float32},
-            "divisible_by_16": ["stride_t", "stride_h"],
+            "divisible_by_16": ["stride_t", "stride_h"] if d % 16 == 0 else [],
             "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages,
         })

@@ -1,5 +1,7 @@
 // Launcher of the fused attention forward: validates sizes, clamps the window, and dispatches on
 // (dtype, head dim) to the FlashAttention-2 instances compiled in flash_fwd_fp16.cu / flash_fwd_bf16.cu.
+#include <algorithm>
+
 #include "flash_fwd.cuh"
 
 namespace fastenc_cuda {
@@ -31,12 +33,15 @@ bool attention_head_dim_supported(int64_t head_dim) {
 }
 
 cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
-                          int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen, int64_t window_left,
-                          int64_t window_right, float scale, int dtype, cudaStream_t stream) {
-  if (batch == 0 || heads == 0 || max_seqlen == 0) return cudaSuccess;
+                          int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
+                          int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream) {
+  if (batch == 0 || heads == 0 || total == 0) return cudaSuccess;
   if (!attention_head_dim_supported(head_dim) || (dtype != kF16 && dtype != kBF16)) return cudaErrorInvalidValue;
-  if (batch < 0 || heads <= 0 || heads > 65535 || max_seqlen < 0 || max_seqlen > (int64_t{1} << 30))
+  // total <= 2**30 and windows < total keep the kernel's int sums (row + window) below 2**31.
+  if (batch < 0 || heads <= 0 || heads > 65535 || max_seqlen < 0 || total < 0 || total > (int64_t{1} << 30))
     return cudaErrorInvalidValue;
+  // max_seqlen sizes the grid: no more than every row, at least one tile.
+  max_seqlen = std::max<int64_t>(1, std::min(max_seqlen, total));
   const int64_t m_blocks = (max_seqlen + attn::kBlockM - 1) / attn::kBlockM;
   if (m_blocks * batch > 0x7fffffff) return cudaErrorInvalidValue;
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) return cudaErrorMisalignedAddress;
@@ -49,9 +54,10 @@ cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out
   p.batch = static_cast<int>(batch);
   p.heads = static_cast<int>(heads);
   p.m_blocks = static_cast<int>(m_blocks);
-  // A window side at least as long as the longest sequence bounds nothing.
-  p.window_left = (window_left < 0 || window_left >= max_seqlen) ? -1 : static_cast<int>(window_left);
-  p.window_right = (window_right < 0 || window_right >= max_seqlen) ? -1 : static_cast<int>(window_right);
+  p.total = static_cast<int>(total);
+  // A window side at least as long as every row bounds nothing (and then fits in int).
+  p.window_left = (window_left < 0 || window_left >= total) ? -1 : static_cast<int>(window_left);
+  p.window_right = (window_right < 0 || window_right >= total) ? -1 : static_cast<int>(window_right);
   p.scale_log2 = scale * 1.4426950408889634f;
   if (dtype == kF16) return attn::run_for_head_dim<__half>(p, head_dim, stream);
   return attn::run_for_head_dim<__nv_bfloat16>(p, head_dim, stream);

@@ -23,6 +23,7 @@ struct Params {
   int batch, heads, m_blocks;   // m_blocks = ceil(max_seqlen / kBlockM)
   int window_left, window_right;  // -1 = unbounded
   float scale_log2;             // softmax scale * log2(e): scores live in the exp2 domain
+  int total;                    // rows of q, k, v, out: a sequence reaching outside [0, total] is skipped
 };
 
 // Shared memory: Q tile, then K[2], V[2] tiles; rows padded by 8 elements (16 bytes) so the 8 row addresses
@@ -117,8 +118,12 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   T* sV = sK + 2 * L::kTile;
 
   const int b = blockIdx.x / p.m_blocks, m_block = blockIdx.x - b * p.m_blocks, head = blockIdx.y;
-  const int seq_start = p.cu_seqlens[b];
-  const int len = p.cu_seqlens[b + 1] - seq_start;
+  // cu_seqlens bounds-checked where it is read: a sequence that is not 0 <= start <= end <= total is skipped.
+  const int seq_start = p.cu_seqlens[b], seq_end = p.cu_seqlens[b + 1];
+  if (!(static_cast<unsigned>(seq_start) <= static_cast<unsigned>(seq_end) &&
+        static_cast<unsigned>(seq_end) <= static_cast<unsigned>(p.total)))
+    return;
+  const int len = seq_end - seq_start;
   const int m0 = m_block * kBlockM;
   if (m0 >= len) return;
 

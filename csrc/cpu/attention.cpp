@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #if defined(__AVX__)
@@ -293,7 +295,21 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   const int64_t H = heads, D = head_dim, ld = H * D;
   const int64_t Dp = (D + VW - 1) / VW * VW;  // V and O rows padded to whole registers
   const float qscale = scale * LOG2E;
-  const int64_t wl = window_left, wr = window_right;
+
+  // cu_seqlens is read once, here, into a private copy that is checked before any row is touched (later reads of
+  // the tensor could see other values): starts >= 0, non-decreasing; the caller bounds the last by the rows.
+  std::vector<int64_t> cu(batch + 1);
+  int64_t longest = 0;
+  for (int64_t b = 0; b <= batch; ++b) {
+    cu[b] = cu_seqlens[b];
+    if (cu[b] < 0 || (b > 0 && cu[b] < cu[b - 1]))
+      throw std::invalid_argument("attention (cpu): cu_seqlens must be >= 0 and non-decreasing, got cu_seqlens[" +
+                                  std::to_string(b) + "] = " + std::to_string(cu[b]));
+    if (b > 0) longest = std::max(longest, cu[b] - cu[b - 1]);
+  }
+  // A window side >= the longest sequence bounds nothing (and i + right can no longer overflow).
+  const int64_t wl = window_left >= longest ? -1 : window_left;
+  const int64_t wr = window_right >= longest ? -1 : window_right;
 
   // Query rows per block: a narrow window (ModernBERT's local layers: 64 each side) wastes less of every key
   // tile with 64 rows; otherwise 128 rows reuse each K, V tile more.
@@ -301,7 +317,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   // Work items: costliest sequences first so dynamic scheduling balances a varlen batch.
   std::vector<int64_t> order(batch);
   auto seq_cost = [&](int64_t b) {
-    const int64_t len = cu_seqlens[b + 1] - cu_seqlens[b];
+    const int64_t len = cu[b + 1] - cu[b];
     const int64_t span = std::min(len, (wl < 0 || wr < 0) ? len : wl + wr + 1);
     return len * span;
   };
@@ -310,7 +326,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   std::vector<Item> items;
   int64_t span = 1;
   for (int64_t b : order) {
-    const int64_t start = cu_seqlens[b], len = cu_seqlens[b + 1] - cu_seqlens[b];
+    const int64_t start = cu[b], len = cu[b + 1] - cu[b];
     const int64_t step = len <= kWholeSeq ? std::max<int64_t>(len, 1) : bm;
     for (int64_t h = 0; h < H; ++h)
       for (int64_t q0 = 0; q0 < len; q0 += step) {

@@ -5,8 +5,9 @@
 
 namespace fastenc_cpu {
 
-// q, k, v, out: (total_tokens, heads, head_dim) contiguous fp32; cu_seqlens: int32 (batch + 1), validated by
-// the caller (starts at 0, non-decreasing, ends at total_tokens). Query i of a sequence sees its keys j with
+// q, k, v, out: (total_tokens, heads, head_dim) contiguous fp32; cu_seqlens: int32 (batch + 1), read once into a
+// private copy; values < 0 or decreasing throw std::invalid_argument before any row is touched, and the caller
+// guarantees cu_seqlens[batch] <= total_tokens (on memory no one else writes). Query i of a sequence sees its keys j with
 // i - window_left <= j <= i + window_right (-1 = unbounded). scale multiplies q.k. num_threads <= 0: OpenMP's
 // default. Working memory is O(tile) per thread; no (seq x seq) buffer.
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,

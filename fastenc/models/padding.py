@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from fastenc.ops._padding import pad_input, unpad_input
 
-def unpad_input(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """mask: (batch, seq) bool/int, True/1 = real token.
-
-    Returns (indices into the flattened batch*seq, int64 (total,); cu_seqlens int32 (batch+1,); max_seqlen).
-    """
-    m = mask.bool()
-    seqlens = m.sum(dim=1, dtype=torch.int32)
-    indices = torch.nonzero(m.flatten(), as_tuple=False).flatten()
-    cu = torch.zeros(m.shape[0] + 1, dtype=torch.int32, device=m.device)
-    cu[1:] = torch.cumsum(seqlens, dim=0, dtype=torch.int32)
-    return indices, cu, int(seqlens.max()) if seqlens.numel() else 0
-
-
-def pad_input(x: torch.Tensor, indices: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
-    """x: (total, ...) -> (batch, seq, ...) with zeros at padded positions."""
-    out = x.new_zeros((batch * seq, *x.shape[1:]))
-    out.index_copy_(0, indices, x)
-    return out.view(batch, seq, *x.shape[1:])
+__all__ = ["PackedBatch", "pad_input", "unpad_input"]
 
 
 class PackedBatch:
@@ -33,8 +17,7 @@ class PackedBatch:
 
     def __init__(self, mask: torch.Tensor | None, batch: int, seq: int, device):
         self.batch, self.seq = batch, seq
-        # cu_seqlens as a normal tensor even under inference_mode: its version counter lets the attention op
-        # validate it (a host read, a sync on CUDA) once per forward instead of once per layer.
+        # cu_seqlens as a normal tensor even under inference_mode (usable outside it, e.g. by a backward).
         with torch.inference_mode(False):
             if mask is None or bool(mask.all()):
                 self.indices = None

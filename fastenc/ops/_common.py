@@ -1,7 +1,6 @@
 """Argument checks shared by the public ops: every error names the argument, the expected and the received."""
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -67,24 +66,14 @@ def empty_or(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t if t is not None else like.new_empty(0)
 
 
-_CU_SEEN: tuple = (None, -1, -1, None)  # (weakref to the last valid cu_seqlens, its version, total, the list)
-
-
 def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> list[int]:
-    """Validate FlashAttention-style cu_seqlens; returns it as a Python list.
+    """Validate FlashAttention-style cu_seqlens (int32 (batch+1,), from 0, non-decreasing, to `total`); returns it
+    as a Python list.
 
-    A model passes one cu_seqlens to every layer: the last tensor that passed is remembered (weakly, with its
-    version counter), so it is read back to the host, a device sync on CUDA, once per forward, not per layer.
-    Inference tensors have no version counter (an in-place change would go unseen): they are always read."""
-    global _CU_SEEN
-    ref, version, seen_total, seen = _CU_SEEN  # one tuple, replaced whole: safe across threads
-    if (ref is not None and ref() is cu_seqlens and cu_seqlens._version == version and seen_total == total
-            and cu_seqlens.device == device):
-        return seen
-    cu = _validate_cu_seqlens(cu_seqlens, total, device, op)
-    if not cu_seqlens.is_inference():
-        _CU_SEEN = (weakref.ref(cu_seqlens), cu_seqlens._version, total, cu)
-    return cu
+    Read on every call (a device sync on CUDA): a remembered "already checked" tensor can be changed behind the
+    version counter (through numpy, `.data` or shared memory). The kernels bounds-check what they read as well,
+    so a value changed after this check can give a wrong result but never touches memory outside the tensors."""
+    return _validate_cu_seqlens(cu_seqlens, total, device, op)
 
 
 def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
@@ -94,8 +83,8 @@ def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
         raise ValueError(f"{op}: cu_seqlens must be int32, got {str(cu_seqlens.dtype).replace('torch.', '')}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"{op}: cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.device != device:
-        raise ValueError(f"{op}: cu_seqlens must be on {device}, got {cu_seqlens.device}")
+    if cu_seqlens.device != torch.device(device):
+        raise ValueError(f"{op}: cu_seqlens must be on q's device {device}, got {cu_seqlens.device}")
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
         raise ValueError(f"{op}: cu_seqlens must start at 0, got {cu[0]}")

@@ -9,6 +9,7 @@ re-padding the output (padded query rows are zero).
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -17,6 +18,7 @@ from fastenc.registry import _dt
 from fastenc.ops import _backends
 from fastenc.ops._common import check_cu_seqlens, check_float
 from fastenc.ops._library import custom_op
+from fastenc.ops._padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
 
 OP = "attention"
@@ -67,7 +69,11 @@ _backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16),
                limits="fp16/bf16, head_dim 32/64/96/128; FlashAttention-2 on tensor cores (sm_80+)")
 
 
+_INT64_MAX = 2 ** 63 - 1
+
+
 def _window(window) -> tuple[int, int]:
+    """window -> (left, right), -1 = unbounded (None, -1, or a -1 side: FlashAttention's convention)."""
     if window is None:
         return -1, -1
     if isinstance(window, bool):
@@ -78,9 +84,24 @@ def _window(window) -> tuple[int, int]:
         left, right = window
     else:
         raise TypeError(f"{OP}: window must be an int or a (left, right) pair of ints, got {window!r}")
-    if left < 0 or right < 0:
-        raise ValueError(f"{OP}: window sizes must be >= 0, got (left={left}, right={right})")
+    if left < -1 or right < -1:
+        raise ValueError(f"{OP}: window sizes must be >= 0, or -1 for unbounded, got (left={left}, right={right})")
+    if left > _INT64_MAX or right > _INT64_MAX:
+        raise ValueError(f"{OP}: window sizes must be at most 2**63-1, got (left={left}, right={right})")
     return int(left), int(right)
+
+
+def _max_seqlen(max_seqlen, longest: int) -> None:
+    if max_seqlen is None:
+        return
+    try:
+        if isinstance(max_seqlen, (bool, torch.Tensor)):
+            raise TypeError
+        n = operator.index(max_seqlen)
+    except TypeError:
+        raise TypeError(f"{OP}: max_seqlen must be an int, got {type(max_seqlen).__name__}") from None
+    if n < longest:
+        raise ValueError(f"{OP}: max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen!r}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None,
@@ -91,7 +112,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     Padded:  q, k, v (batch, seq, heads, head_dim); key_padding_mask (batch, seq) bool, True = real token.
              Output rows at padded query positions are zero.
     Packed:  q, k, v (total_tokens, heads, head_dim); cu_seqlens int32 (batch+1,); max_seqlen >= longest.
-    window:  int (each side) or (left, right): query i sees keys i-left..i+right of its sequence.
+    window:  int (each side) or (left, right): query i sees keys i-left..i+right of its sequence; -1 (or any
+             size >= the sequence) leaves that side unbounded.
     scale:   defaults to 1/sqrt(head_dim). fp32/fp16/bf16, fp32 accumulation. Returns q's shape and dtype.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -119,11 +141,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
                              f"got shape {tuple(q.shape)}")
         cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.device)
         longest = max(b - a for a, b in zip(cu, cu[1:]))
-        if max_seqlen is None:
-            max_seqlen = longest
-        elif not isinstance(max_seqlen, int) or max_seqlen < longest:
-            raise ValueError(f"{OP}: max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen!r}")
-        return _run(q, k, v, cu_seqlens, int(max_seqlen), wl, wr, float(scale), backend)
+        _max_seqlen(max_seqlen, longest)
+        # The kernels get the longest length read now (it sizes their grids), not the caller's bound.
+        return _run(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend)
 
     if q.dim() != 4:
         raise ValueError(f"{OP}: q must be (batch, seq, heads, head_dim), or packed (total_tokens, heads, head_dim) "
@@ -145,8 +165,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         raise ValueError(f"{OP}: key_padding_mask must have shape (batch, seq)={(b, s)}, got {tuple(key_padding_mask.shape)}")
     if key_padding_mask.device != q.device:
         raise ValueError(f"{OP}: key_padding_mask must be on {q.device}, got {key_padding_mask.device}")
-    from fastenc.models.padding import pad_input, unpad_input  # runtime helpers shared with the models
-
     if wl >= 0 or wr >= 0:
         # Window distances are padded positions; unpadding preserves them only for contiguous real tokens.
         m = key_padding_mask.to(torch.int8)
@@ -160,8 +178,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
 
 
 def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend):
+    """max_seqlen: the longest sequence. A window side >= it bounds nothing: -1 from here on (so no kernel ever
+    computes i + 2**63 - 1)."""
     if q.numel() == 0:
         return q.new_zeros(q.shape)
+    wl = -1 if wl >= max_seqlen else wl
+    wr = -1 if wr >= max_seqlen else wr
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
               "window": (wl, wr), "scale": scale}

@@ -12,9 +12,10 @@ def _band(sq: int, sk: int, left: int, right: int, device) -> torch.Tensor:
     i = torch.arange(sq, device=device)[:, None]
     j = torch.arange(sk, device=device)[None, :]
     ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left >= 0:
+    # A side at least as long as the sequence bounds nothing (and i + 2**63 - 1 would overflow int64).
+    if 0 <= left < sq:
         ok &= j >= i - left
-    if right >= 0:
+    if 0 <= right < sk:
         ok &= j <= i + right
     return ok
 
@@ -24,7 +25,9 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
     """Padded layout. q, k, v: (batch, seq, heads, head_dim); key_padding_mask: (batch, seq) bool, True = real.
 
     window (left, right), -1 = unbounded. Query rows at padded positions (and rows with no visible key)
-    are zero. Math in fp32 when `upcast`, else in q's dtype. Returns q's dtype.
+    are zero. NaN/Inf in a query, or in a key or value the row can see, propagates as in torch's SDPA; padded
+    keys are never read; a NaN value of a key of the row's own sequence outside its window still reaches it
+    through 0 * NaN (as in SDPA). Math in fp32 when `upcast`, else in q's dtype. Returns q's dtype.
     """
     b, s, h, d = q.shape
     scale = d ** -0.5 if scale is None else scale
@@ -33,11 +36,14 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
     ok = _band(s, k.shape[1], window[0], window[1], q.device)[None, None]
     if key_padding_mask is not None:
         ok = ok & key_padding_mask[:, None, None, :]
+        vt = vt.masked_fill(~key_padding_mask[:, :, None, None], 0.0)  # padded keys: never read
     scores = scores.masked_fill(~ok, float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no visible key gives 0, not NaN
+    # A row with no visible key gives 0 (its softmax is 0/0); only those rows are zeroed, so NaN from the inputs
+    # is never hidden.
+    p = torch.softmax(scores, dim=-1).masked_fill(~ok.any(-1, keepdim=True), 0.0)
     out = torch.einsum("bhqk,bkhd->bqhd", p, vt)
     if key_padding_mask is not None:
-        out = out * key_padding_mask[:, :, None, None].to(out.dtype)
+        out = out.masked_fill(~key_padding_mask[:, :, None, None], 0.0)
     return out.to(q.dtype)
 
 
