@@ -500,10 +500,9 @@ def _inplace_case(draw, backend, op: str, how: str, invalid: bool):
         check(call(), second)
 
 
-def _inplace_params(op: str, xfail: dict) -> list:
-    """(backend, how); the numpy view exists for CPU tensors only. `xfail` maps a backend to a known failure."""
-    return [pytest.param(be, how, id=f"{be}-{how}",
-                         marks=[pytest.mark.xfail(strict=True, reason=xfail[be])] if be in xfail else [])
+def _inplace_params(op: str) -> list:
+    """(backend, how); the numpy view exists for CPU tensors only."""
+    return [pytest.param(be, how, id=f"{be}-{how}")
             for be in _backends(op) for how in ("numpy", "data") if how == "data" or testing.device_for(be) == "cpu"]
 
 
@@ -528,38 +527,29 @@ def _inplace_test(backend, op, how, invalid):
         inplace_property(backend, op, how, "invalid" if invalid else "valid")
 
 
-ATTN_STALE = ("ops.attention takes max_seqlen from the list check_cu_seqlens cached at the first call (same tensor, "
-              "same _version): the Triton grid covers only the old longest sequence, query rows past it stay unwritten")
-REF_NO_CHECK = "invalid values are not re-validated (stale check_cu_seqlens cache); the reference returns a result"
-TRITON_OOB = ("invalid values are not re-validated (stale check_cu_seqlens cache); the kernel reads and writes out "
-              "of bounds (glibc 'corrupted double-linked list' / 'munmap_chunk(): invalid pointer', or garbage)")
-ROPE_NO_CHECK = ("invalid values are not re-validated (stale check_cu_seqlens cache): positions_from_cu_seqlens "
-                 "raises 'allocated size does not match required size', or a wrong sequence-length error")
-
-
-@pytest.mark.parametrize("backend,how", _inplace_params("attention", {}))
+@pytest.mark.parametrize("backend,how", _inplace_params("attention"))
 def test_attention_cu_seqlens_changed_in_place(backend, how):
     """Drawn splits of at most 40 tokens under the interpreter (one query tile): the tile-crossing case is
     test_attention_longest_sequence_grows_in_place."""
     _inplace_test(backend, "attention", how, False)
 
 
-@pytest.mark.parametrize("backend,how", _inplace_params("attention", {"reference": REF_NO_CHECK, "triton": TRITON_OOB}))
+@pytest.mark.parametrize("backend,how", _inplace_params("attention"))
 def test_attention_cu_seqlens_invalid_in_place(backend, how):
     _inplace_test(backend, "attention", how, True)
 
 
-@pytest.mark.parametrize("backend,how", _inplace_params("rope", {}))
+@pytest.mark.parametrize("backend,how", _inplace_params("rope"))
 def test_rope_cu_seqlens_changed_in_place(backend, how):
     _inplace_test(backend, "rope", how, False)
 
 
-@pytest.mark.parametrize("backend,how", _inplace_params("rope", {b: ROPE_NO_CHECK for b in _backends("rope")}))
+@pytest.mark.parametrize("backend,how", _inplace_params("rope"))
 def test_rope_cu_seqlens_invalid_in_place(backend, how):
     _inplace_test(backend, "rope", how, True)
 
 
-@pytest.mark.parametrize("backend,how", _inplace_params("attention", {"triton": ATTN_STALE}))
+@pytest.mark.parametrize("backend,how", _inplace_params("attention"))
 def test_attention_longest_sequence_grows_in_place(backend, how):
     """Five sequences of 20 tokens rewritten in place to four empty ones and one of 100 (past a 64-query tile)."""
     d = Data(lambda strategy, label=None: 0, backend)  # no draws: every one takes 0 (seed 0, separate q/k/v)
