@@ -25,7 +25,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attention_fwd_kernel(Q, K, V, O, CU, stride_t, stride_h, window_left, window_right, qk_scale,
+def _attention_fwd_kernel(Q, K, V, O, LSE, CU, stride_t, stride_h, stride_lse, window_left, window_right, qk_scale,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
     # Program (query tile m, head h, sequence b). Base-2 online softmax over key tiles j, with
@@ -35,6 +35,8 @@ def _attention_fwd_kernel(Q, K, V, O, CU, stride_t, stride_h, window_left, windo
     #   l    = alpha * l + rowsum(p)            running denominator
     #   acc  = alpha * acc + p @ v_j            running numerator (fp32)
     # out = acc / l. Keys outside the sequence or the window get s = -inf (p = 0).
+    # lse = (m + log2 l) * ln 2, the natural log-sum-exp of scale * q.k the backward needs (+inf when l = 0),
+    # stored at LSE[h * stride_lse + token] (fp32, (heads, total_tokens)).
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -97,6 +99,8 @@ def _attention_fwd_kernel(Q, K, V, O, CU, stride_t, stride_h, window_left, windo
     out = acc / l_safe[:, None]
     tl.store(O + base + offs_m[:, None].to(tl.int64) * stride_t + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
+    lse = tl.where(l_i > 0.0, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("inf"))
+    tl.store(LSE + h.to(tl.int64) * stride_lse + start + offs_m, lse, mask=row_ok)
 
 
 @dataclass(frozen=True)
@@ -210,20 +214,22 @@ def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run) -> AttentionC
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   window_left: int, window_right: int, scale: float,
-                  config: AttentionConfig | None = None) -> torch.Tensor:
+                  config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
-    window -1 = unbounded. Returns out like q. `config` overrides the heuristic / autotuned choice."""
+    window -1 = unbounded. Returns (out like q, lse (heads, total_tokens) fp32). `config` overrides the
+    heuristic / autotuned choice."""
     total, heads, d = q.shape
     out = torch.empty_like(q)
+    lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     batch = cu_seqlens.numel() - 1
     if total == 0 or batch == 0:
-        return out.zero_()
+        return out.zero_(), lse.fill_(float("inf"))
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
 
     def run(cfg: AttentionConfig) -> None:
         grid = (triton.cdiv(max(max_seqlen, 1), cfg.block_m), heads, batch)
         _attention_fwd_kernel[grid](
-            q, k, v, out, cu, heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E,
+            q, k, v, out, lse, cu, heads * d, d, total, max(window_left, 0), max(window_right, 0), scale * LOG2E,
             D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -231,7 +237,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     with on_device(q):
         cfg = config or _choose(q, max_seqlen, window_left >= 0 or window_right >= 0, run)
         run(cfg)
-    return out
+    return out, lse
 
 
 def compile_specs() -> list[dict]:
@@ -249,8 +255,9 @@ def compile_specs() -> list[dict]:
         specs.append({
             "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}",
             "fn": _attention_fwd_kernel,
-            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "CU": "*i32", "stride_t": "i32",
-                          "stride_h": "i32", "window_left": "i32", "window_right": "i32", "qk_scale": "fp32",
+            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "LSE": "*fp32", "CU": "*i32",
+                          "stride_t": "i32", "stride_h": "i32", "stride_lse": "i32", "window_left": "i32",
+                          "window_right": "i32", "qk_scale": "fp32",
                           "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
                           "BLOCK_N": "constexpr", "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr",
                           "IEEE": "constexpr"},
