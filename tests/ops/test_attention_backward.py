@@ -235,7 +235,7 @@ def test_wrong_gradient_dtype_or_shape_is_refused():
     q, k, v = (testing.randn(9, 2, 16) for _ in range(3))
     out, lse = torch.ops.fastenc.attention.default(q, k, v, cu, 5, -1, -1, 0.25, "reference")
     bwd = torch.ops.fastenc.attention_bwd.default
-    with pytest.raises(ValueError, match="attention_bwd: grad must have q's dtype fp32, got fp16"):
+    with pytest.raises(ValueError, match="attention_bwd: grad must have q's dtype float32, got float16"):
         bwd(out.half(), q, k, v, out, lse, cu, 5, -1, -1, 0.25, "reference")
     with pytest.raises(ValueError, match=r"attention_bwd: grad must have q's shape \(9, 2, 16\), got \(9, 2, 8\)"):
         bwd(out[..., :8], q, k, v, out, lse, cu, 5, -1, -1, 0.25, "reference")
