@@ -259,3 +259,20 @@ def test_second_order_gradient_raises():
 def test_cuda_backward_is_served_by_triton():
     impl = registry.impls(OP)["cuda"]
     assert "served by the Triton kernel" in impl.limits
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton backend not available")
+def test_triton_clamps_corrupt_cu_seqlens_where_read():
+    """The kernels read cu_seqlens themselves: entries past total_tokens are clamped (no read or write outside the
+    tensors); the intact first sequence still gets its exact gradients."""
+    from fastenc.kernels.attention_bwd import attention_bwd
+
+    device = testing.device_for("triton")
+    q, k, v, g = (testing.randn(9, 2, 16, device=device) for _ in range(4))
+    good = _cu((5, 4)).to(device)
+    out, lse = torch.ops.fastenc.attention.default(q, k, v, good, 5, -1, -1, 0.25, "reference")
+    bad = torch.tensor([0, 5, 1 << 30], dtype=torch.int32, device=device)
+    dq, dk, dv = attention_bwd(g, q, k, v, out, lse, bad, 5, -1, -1, 0.25)
+    refs = attention_bwd_varlen_ref(g, q, k, v, out, lse, good, (-1, -1), 0.25)
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
+        testing.assert_close(got, ref, name=name)
