@@ -217,8 +217,8 @@ std::tuple<Tensor, Tensor> rope(const Tensor& q, const Tensor& k, const Tensor& 
 // ---------------------------------------------------------------- attention (cpu)
 // q, k, v: (total_tokens, heads, head_dim) fp32/fp16/bf16 -> (out like q, lse (heads, total_tokens) fp32); the
 // kernel computes in fp32.
-std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
-                 int64_t window_left, int64_t window_right, double scale) {
+std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                                     int64_t max_seqlen, int64_t window_left, int64_t window_right, double scale) {
   check_cpu(q, "q");
   check_cpu(k, "k");
   check_cpu(v, "v");
@@ -256,7 +256,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tenso
                                                  const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
                                                  int64_t max_seqlen, int64_t window_left, int64_t window_right,
                                                  double scale) {
-  for (const Tensor* t : {&grad, &q, &k, &v, &out, &lse, &cu_seqlens}) check_cpu(*t, "attention_bwd input");
+  const std::pair<const Tensor*, const char*> args[] = {{&grad, "grad"}, {&q, "q"},     {&k, "k"},
+                                                        {&v, "v"},       {&out, "out"}, {&lse, "lse"},
+                                                        {&cu_seqlens, "cu_seqlens"}};
+  for (const auto& [t, name] : args) check_cpu(*t, name);
   TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   grad.sizes() == q.sizes(),
               "attention_bwd: grad, q, k, v, out must be (total_tokens, heads, head_dim) of one shape, got grad ",
