@@ -354,9 +354,10 @@ Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approxi
 }
 
 // ---------------------------------------------------------------- attention (cpu)
-// q, k, v: (total_tokens, heads, head_dim) fp32/fp16/bf16 -> out like q; the kernel computes in fp32.
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
-                 int64_t window_left, int64_t window_right, double scale) {
+// q, k, v: (total_tokens, heads, head_dim) fp32/fp16/bf16 -> (out like q, lse (heads, total_tokens) fp32); the
+// kernel computes in fp32.
+std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                                     int64_t max_seqlen, int64_t window_left, int64_t window_right, double scale) {
   check_cpu(q, "q");
   check_cpu(k, "k");
   check_cpu(v, "v");
@@ -376,14 +377,60 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     TORCH_CHECK(c[b + 1] >= c[b], "attention: cu_seqlens must be non-decreasing");
   Tensor qf = f32(q), kf = f32(k), vf = f32(v);
   Tensor out = cpu_empty_like(qf);
-  if (total > 0 && q.size(1) > 0 && q.size(2) > 0)
+  Tensor lse = at::empty({q.size(1), total}, qf.options());
+  if (total > 0 && q.size(1) > 0 && q.size(2) > 0) {
     fastenc_cpu::attention_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
                                out.data_ptr<float>(), c, batch, q.size(1), q.size(2), window_left, window_right,
-                               (float)scale, at::get_num_threads());
-  else
+                               (float)scale, at::get_num_threads(), lse.data_ptr<float>());
+  } else {
     out.zero_();
+    lse.fill_(INFINITY);
+  }
   (void)max_seqlen;  // the kernel reads lengths from cu_seqlens
-  return out.to(q.scalar_type());
+  return {out.to(q.scalar_type()), lse};
+}
+
+// Backward of attention (csrc/cpu/attention_bwd.cpp): grad, q, k, v, out (total_tokens, heads, head_dim) of one shape,
+// lse (heads, total_tokens) fp32 from the forward -> (dq, dk, dv) in q's dtype; fp32 math.
+std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
+                                                 int64_t max_seqlen, int64_t window_left, int64_t window_right,
+                                                 double scale) {
+  const std::pair<const Tensor*, const char*> args[] = {{&grad, "grad"}, {&q, "q"},     {&k, "k"},
+                                                        {&v, "v"},       {&out, "out"}, {&lse, "lse"},
+                                                        {&cu_seqlens, "cu_seqlens"}};
+  for (const auto& [t, name] : args) check_cpu(*t, name);
+  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && out.sizes() == q.sizes() &&
+                  grad.sizes() == q.sizes(),
+              "attention_bwd: grad, q, k, v, out must be (total_tokens, heads, head_dim) of one shape, got grad ",
+              grad.sizes(), ", q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), ", out ", out.sizes());
+  const int64_t total = q.size(0), heads = q.size(1);
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == heads && lse.size(1) == total,
+              "attention_bwd: lse must be float32 (heads, total_tokens)=(", heads, ", ", total, "), got ",
+              lse.scalar_type(), " ", lse.sizes());
+  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2,
+              "attention_bwd: cu_seqlens must be 1-D int32 of length batch+1");
+  TORCH_CHECK(window_left >= -1 && window_right >= -1, "attention_bwd: window sizes must be >= 0 or -1 (unbounded)");
+  Tensor cu = cu_seqlens.contiguous();
+  const int32_t* c = cu.data_ptr<int32_t>();
+  const int64_t batch = cu.numel() - 1;
+  TORCH_CHECK(c[0] == 0 && c[batch] == total, "attention_bwd: cu_seqlens must run from 0 to total_tokens=", total);
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(c[b + 1] >= c[b], "attention_bwd: cu_seqlens must be non-decreasing");
+  Tensor gf = f32(grad), qf = f32(q), kf = f32(k), vf = f32(v), of = f32(out), lf = lse.contiguous();
+  Tensor dq = cpu_empty_like(qf), dk = cpu_empty_like(qf), dv = cpu_empty_like(qf);
+  if (total > 0 && heads > 0 && q.size(2) > 0)
+    fastenc_cpu::attention_bwd(gf.data_ptr<float>(), qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
+                               of.data_ptr<float>(), lf.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
+                               dv.data_ptr<float>(), c, batch, heads, q.size(2), window_left, window_right,
+                               (float)scale, at::get_num_threads());
+  else {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+  }
+  (void)max_seqlen;
+  return {dq.to(q.scalar_type()), dk.to(q.scalar_type()), dv.to(q.scalar_type())};
 }
 
 // ---------------------------------------------------------------- lora (cpu)
@@ -741,7 +788,8 @@ Tensor merge_lora_cuda(const Tensor& weight, const Tensor& lora_a, const Tensor&
 // cu_seqlens is not read back here (that would synchronize the stream): fastenc.ops.attention validated it on
 // the host (and max_seqlen from the values it read), and the kernel skips a sequence whose bounds it reads
 // outside [0, total_tokens].
-Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, int64_t max_seqlen,
+std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                                          int64_t max_seqlen,
                       int64_t window_left, int64_t window_right, double scale) {
   check_on(q, q, "attention", "q");
   check_on(k, q, "attention", "k");
@@ -765,13 +813,14 @@ Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const c10::cuda::CUDAGuard guard(q.device());
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), cu = cu_seqlens.contiguous();
   Tensor out = at::empty_like(qc);
-  if (q.numel() == 0) return out;
+  Tensor lse = at::empty({q.size(1), q.size(0)}, qc.options().dtype(at::kFloat));
+  if (q.numel() == 0) return {out, lse.fill_(INFINITY)};
   check_launch(fastenc_cuda::attention_fwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
                                            cu.data_ptr<int32_t>(), q.size(0), cu.numel() - 1, q.size(1), q.size(2),
                                            max_seqlen, window_left, window_right, static_cast<float>(scale), dt,
-                                           c10::cuda::getCurrentCUDAStream()),
+                                           c10::cuda::getCurrentCUDAStream(), lse.data_ptr<float>()),
                "attention");
-  return out;
+  return {out, lse};
 }
 #endif
 
@@ -813,7 +862,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_bwd", &gelu_bwd, "gelu backward: (dx, dbias)");
   m.def("geglu_bwd", &geglu_bwd, "geglu backward: dx = [d input | d gate]");
   // attention (cpu) defs
-  m.def("attention", &attention, "varlen bidirectional attention (online softmax, window), fp32 math");
+  m.def("attention", &attention, "varlen bidirectional attention (online softmax, window), fp32 math -> (out, lse)");
+  m.def("attention_bwd", &attention_bwd, "backward of attention from out and lse: (dq, dk, dv), fp32 math");
   // lora (cpu) defs
   m.def("merge_lora", &merge_lora, "W + scale * B @ A, fp32 accumulation, rounded once");
   m.def("lora_linear", &lora_linear, "x W^T + b + scale (x A^T) B^T via torch GEMMs, fp32");

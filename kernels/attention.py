@@ -25,7 +25,8 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attention_fwd_kernel(Q, K, V, O, CU, total, m_blocks, stride_t, stride_h, window_left, window_right, qk_scale,
+def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride_h, window_left, window_right,
+                          qk_scale,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
     # Program (query tile m, sequence b) on grid axis 0 = m_blocks * batch (sequence-major, as the CUDA kernel:
@@ -36,6 +37,8 @@ def _attention_fwd_kernel(Q, K, V, O, CU, total, m_blocks, stride_t, stride_h, w
     #   l    = alpha * l + rowsum(p)            running denominator
     #   acc  = alpha * acc + p @ v_j            running numerator (fp32)
     # out = acc / l. Keys outside the sequence or the window get s = -inf (p = 0).
+    # lse = (m + log2 l) * ln 2, the natural log-sum-exp of scale * q.k the backward needs (+inf when l = 0),
+    # stored at LSE[h * total + token] (fp32, (heads, total_tokens)).
     pid = tl.program_id(0)
     b = pid // m_blocks
     pid_m = pid - b * m_blocks
@@ -101,6 +104,8 @@ def _attention_fwd_kernel(Q, K, V, O, CU, total, m_blocks, stride_t, stride_h, w
     out = acc / l_safe[:, None]
     tl.store(O + base + offs_m[:, None].to(tl.int64) * stride_t + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
+    lse = tl.where(l_i > 0.0, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("inf"))
+    tl.store(LSE + h.to(tl.int64) * total + start + offs_m, lse, mask=row_ok)
 
 
 def block_d(head_dim: int) -> int:
@@ -236,16 +241,18 @@ def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run) -> AttentionC
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   window_left: int, window_right: int, scale: float,
-                  config: AttentionConfig | None = None) -> torch.Tensor:
+                  config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
-    window -1 = unbounded. Returns out like q. `config` overrides the heuristic / autotuned choice.
-    max_seqlen must be >= every length (it sizes the grid; fastenc.ops.attention passes the longest it read).
-    Memory-safe with any cu_seqlens values: the kernel clamps them to [0, total_tokens]."""
+    window -1 = unbounded. Returns (out like q, lse (heads, total_tokens) fp32). `config` overrides the
+    heuristic / autotuned choice. max_seqlen must be >= every length (it sizes the grid; fastenc.ops.attention
+    passes the longest it read). Memory-safe with any cu_seqlens values: the kernel clamps them to
+    [0, total_tokens]."""
     total, heads, d = q.shape
     out = torch.empty_like(q)
+    lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     batch = cu_seqlens.numel() - 1
     if total == 0 or batch == 0:
-        return out.zero_()
+        return out.zero_(), lse.fill_(float("inf"))
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     # A window side >= total_tokens bounds nothing; the others stay below it, and with total <= 2**30 the
     # kernel's int32 sums (row + window) cannot overflow.
@@ -258,7 +265,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     def run(cfg: AttentionConfig) -> None:
         m_blocks, grid = launch_grid(max_seqlen, total, batch, heads, cfg.block_m)
         _attention_fwd_kernel[grid](
-            q, k, v, out, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E,
+            q, k, v, out, lse, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E,
             D=d, BLOCK_D=block_d(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             HAS_LEFT=wl >= 0, HAS_RIGHT=wr >= 0, IEEE=q.dtype == torch.float32,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -266,7 +273,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     with on_device(q):
         cfg = config or _choose(q, max_seqlen, wl >= 0 or wr >= 0, run)
         run(cfg)
-    return out
+    return out, lse
 
 
 def compile_specs() -> list[dict]:
@@ -290,9 +297,10 @@ def compile_specs() -> list[dict]:
         specs.append({
             "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}",
             "fn": _attention_fwd_kernel,
-            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "CU": "*i32", "total": "i32", "m_blocks": "i32",
-                          "stride_t": "i32", "stride_h": "i32", "window_left": "i32", "window_right": "i32",
-                          "qk_scale": "fp32", "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
+            "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "LSE": "*fp32", "CU": "*i32", "total": "i32",
+                          "m_blocks": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
+                          "window_right": "i32", "qk_scale": "fp32", "D": "constexpr", "BLOCK_D": "constexpr",
+                          "BLOCK_M": "constexpr",
                           "BLOCK_N": "constexpr", "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr",
                           "IEEE": "constexpr"},
             "constexprs": {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m,

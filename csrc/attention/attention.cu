@@ -34,7 +34,8 @@ bool attention_head_dim_supported(int64_t head_dim) {
 
 cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                           int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
-                          int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream) {
+                          int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream,
+                          float* lse) {
   if (batch == 0 || heads == 0 || total == 0) return cudaSuccess;
   if (!attention_head_dim_supported(head_dim) || (dtype != kF16 && dtype != kBF16)) return cudaErrorInvalidValue;
   // total <= 2**30 and windows < total keep the kernel's int sums (row + window) below 2**31.
@@ -59,6 +60,7 @@ cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out
   p.window_left = (window_left < 0 || window_left >= total) ? -1 : static_cast<int>(window_left);
   p.window_right = (window_right < 0 || window_right >= total) ? -1 : static_cast<int>(window_right);
   p.scale_log2 = scale * 1.4426950408889634f;
+  p.lse = lse;
   if (dtype == kF16) return attn::run_for_head_dim<__half>(p, head_dim, stream);
   return attn::run_for_head_dim<__nv_bfloat16>(p, head_dim, stream);
 }

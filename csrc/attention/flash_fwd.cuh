@@ -24,6 +24,7 @@ struct Params {
   int window_left, window_right;  // -1 = unbounded
   float scale_log2;             // softmax scale * log2(e): scores live in the exp2 domain
   int total;                    // rows of q, k, v, out: a sequence reaching outside [0, total] is skipped
+  float* lse;                   // (heads, total_tokens) fp32 natural log-sum-exp per row, or null
 };
 
 // Shared memory: Q tile, then K[2], V[2] tiles; rows padded by 8 elements (16 bytes) so the 8 row addresses
@@ -270,6 +271,11 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     inv[h] = l > 0.f ? 1.f / l : 0.f;
+    // lse = (m + log2 l) ln 2 (scores are in log2 units; +inf for a row that saw no key), for the backward.
+    const int row = m0 + warp * 16 + g + h * 8;
+    if (p.lse != nullptr && t == 0 && row < len)
+      p.lse[static_cast<int64_t>(head) * p.total + seq_start + row] =
+          l > 0.f ? (row_m[h] + log2f(l)) * 0.6931471805599453f : INFINITY;
   }
   T* sO = sQ + warp * 16 * L::kStride;
 #pragma unroll

@@ -9,9 +9,18 @@ namespace fastenc_cpu {
 // private copy; values < 0 or decreasing throw std::invalid_argument before any row is touched, and the caller
 // guarantees cu_seqlens[batch] <= total_tokens (on memory no one else writes). Query i of a sequence sees its keys j with
 // i - window_left <= j <= i + window_right (-1 = unbounded). scale multiplies q.k. num_threads <= 0: OpenMP's
-// default. Working memory is O(tile) per thread; no (seq x seq) buffer.
+// default. Working memory is O(tile) per thread; no (seq x seq) buffer. lse (may be null): (heads, total_tokens)
+// fp32, each query row's natural log-sum-exp of scale * q.k over its visible keys (+inf when it sees none).
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
-                   float scale, int num_threads);
+                   float scale, int num_threads, float* lse = nullptr);
+
+// Backward of attention_fwd (FlashAttention-2's): from grad = dL/dout, out and the forward's lse, writes dq, dk, dv
+// (all (total_tokens, heads, head_dim) contiguous fp32; every element written). Same layout, window and threading
+// as attention_fwd; working memory per thread is O(tile + sequence length), never (seq x seq).
+void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
+                   const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
+                   int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
+                   int num_threads);
 
 }  // namespace fastenc_cpu

@@ -1,8 +1,11 @@
 """fastenc.ops.attention: fused bidirectional attention — padded, variable-length (cu_seqlens), sliding window.
 
 Every backend implements one contract, the packed variable-length form (FlashAttention's varlen convention):
-  fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale) -> out
-  q, k, v: (total_tokens, heads, head_dim) contiguous; cu_seqlens: int32 (batch+1,); window -1 = unbounded.
+  fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale) -> (out, lse)
+  q, k, v: (total_tokens, heads, head_dim) contiguous; cu_seqlens: int32 (batch+1,); window -1 = unbounded;
+  lse: (heads, total_tokens) fp32, the natural log-sum-exp of each query row's scaled scores (+inf for a row with
+  no visible key), the one thing besides out the backward needs (FlashAttention-2 saves the same).
+The backward (fastenc::attention_bwd, one Impl per backend) recomputes the probabilities tile by tile from lse.
 The padded layout is served through it: without a mask as a free view, with a mask by unpadding once and
 re-padding the output (padded query rows are zero).
 """
@@ -16,30 +19,36 @@ import torch
 from fastenc import registry
 from fastenc.registry import _dt
 from fastenc.ops import _backends
-from fastenc.ops._common import check_cu_seqlens, check_float
+from fastenc.ops._common import check_cu_seqlens, check_float, needs_grad
+from fastenc.ops._attention_bwd import _bwd_inputs, backward, setup_context  # also registers attention_bwd
 from fastenc.ops._library import custom_op
 from fastenc.ops._padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
+from fastenc.reference.attention_bwd import attention_lse_varlen_ref
 
 OP = "attention"
+OP_BWD = "attention_bwd"
 
 
 def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale):
-    return attention_varlen_ref(q, k, v, cu_seqlens, (window_left, window_right), scale)
+    window = (window_left, window_right)
+    out = attention_varlen_ref(q, k, v, cu_seqlens, window, scale)
+    return out, attention_lse_varlen_ref(q, k, cu_seqlens, window, scale).float()
 
 
 @custom_op("fastenc::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                  window_left: int, window_right: int, scale: float, backend: str) -> torch.Tensor:
+                  window_left: int, window_right: int, scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     return registry.impl(OP, backend).fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
 
 
 @_attention_op.register_fake
 def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend):
-    return torch.empty_like(q)
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 _backends.reference(OP, _reference)
+_attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
 
 
 def _head_dim(inputs) -> int:
@@ -188,4 +197,7 @@ def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend):
     inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
               "window": (wl, wr), "scale": scale}
     impl = registry.select(OP, inputs, backend)
-    return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)
+    if needs_grad(q, k, v):  # an unservable backward fails before the forward runs
+        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale),
+                                 impl.backend)
+    return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)[0]

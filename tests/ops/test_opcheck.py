@@ -64,6 +64,15 @@ def _samples() -> dict[str, list[dict]]:
                  v=r(7, 3, 32, dtype=torch.bfloat16), cu_seqlens=_cu(7), max_seqlen=7, window_left=2, window_right=1,
                  scale=32 ** -0.5),
         ],
+        "attention_bwd": [
+            dict(grad=r(9, 2, 64), q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), out=r(9, 2, 64),
+                 lse=r(2, 9).abs() + 3.0, cu_seqlens=_cu(4, 0, 5), max_seqlen=5, window_left=-1, window_right=-1,
+                 scale=0.125),
+            dict(grad=r(7, 3, 32, dtype=torch.bfloat16), q=r(7, 3, 32, dtype=torch.bfloat16),
+                 k=r(7, 3, 32, dtype=torch.bfloat16), v=r(7, 3, 32, dtype=torch.bfloat16),
+                 out=r(7, 3, 32, dtype=torch.bfloat16), lse=r(3, 7).abs() + 3.0, cu_seqlens=_cu(7), max_seqlen=7,
+                 window_left=2, window_right=1, scale=32 ** -0.5),
+        ],
         "merge_lora": [dict(weight=r(48, 40), lora_a=r(8, 40), lora_b=r(48, 8), scale=2.0)],
         "lora_linear": [
             dict(x=r(5, 40), weight=r(48, 40), bias=r(48), lora_a=r(8, 40), lora_b=r(48, 8), scale=0.5),

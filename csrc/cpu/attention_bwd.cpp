@@ -1,0 +1,203 @@
+// Backward of the CPU attention (csrc/cpu/attention.cpp): FlashAttention-2's backward (Dao, 2023) on packed
+// variable-length sequences with an optional sliding window; fp32 math, OpenMP over (sequence, head).
+//
+// The probabilities are recomputed tile by tile from the forward's log-sum-exp (never stored). In base 2 (Q^T
+// pre-scaled by scale * log2 e, lse2 = lse * log2 e), per work item (sequence, head):
+//   D_i   = sum_d dO_id O_id                             (once per query row)
+//   for each key tile j0..j0+BN:                         dK, dV accumulate in registers-sized tiles
+//     for each query block i0..i0+BM that sees the tile (the window's band):
+//       S^T  = K Q^T;  P^T_ji = 2^(S^T_ji - lse2_i)    (0 outside the window / sequence)
+//       dV_j += sum_i P^T_ji dO_i                        (P^T dO)
+//       dP^T = V dO^T;  dS^T_ji = P^T_ji (dP^T_ji - D_i)
+//       dK_j += sum_i dS^T_ji Q_i                        (dS^T Q)
+//       dQ_i += sum_j dS^T_ji K_j                        (dS K; the item owns its rows of dQ: no atomics)
+//   dK *= scale, dQ *= scale at the end.
+// Five products of (BN x BM x D) per tile pair, 2.5x the forward's two, all on the forward's micro-kernel
+// (attention_simd.h). Working memory per thread: the item's Q^T and dO^T panels, Q, dO rows and the dQ
+// accumulator (linear in the sequence length) plus O(BN x BM) tiles; no (seq x seq) buffer.
+#include "attention.h"
+#include "attention_simd.h"
+#include "buffer_cache.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace fastenc_cpu {
+namespace {
+using namespace attn;
+
+constexpr int64_t BM = 128;  // query lanes per block (a whole number of Q^T panels)
+constexpr int64_t BN = 64;   // keys per tile
+static_assert(BM % PW == 0, "query blocks must be whole Q^T panels");
+constexpr float LOG2E = 1.4426950408889634f;
+
+struct BwdWork {
+  float *qt, *gt, *qr, *gr, *dqa, *lse2, *delta;  // per item: (len rounded up to panels) x D / x Dp, len
+  float *kp, *vp, *dka, *dva, *st, *dst, *ones;   // per key tile
+};
+
+// One thread's buffers carved from p (64-byte aligned pieces); returns the floats used when p is null.
+int64_t carve_bwd(float* p, int64_t D, int64_t Dp, int64_t lanes, BwdWork* w) {
+  const int64_t sizes[] = {lanes * D, lanes * D, lanes * Dp, lanes * Dp, lanes * Dp, lanes, lanes,
+                           BN * Dp, BN * Dp, BN * Dp, BN * Dp, BN * BM, BN * BM, std::max(BN, BM)};
+  constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+  float** dst[n] = {&w->qt, &w->gt, &w->qr, &w->gr, &w->dqa, &w->lse2, &w->delta,
+                    &w->kp, &w->vp, &w->dka, &w->dva, &w->st, &w->dst, &w->ones};
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (p != nullptr) *dst[i] = p + total;
+    total += (sizes[i] + 15) / 16 * 16;
+  }
+  return total;
+}
+
+// rows x D floats (rows ld apart) -> rows x Dp contiguous, zero-padded.
+inline void pack_rows(const float* src, int64_t ld, int64_t rows, int64_t D, int64_t Dp, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    copy_row(dst + r * Dp, src + r * ld, D);
+    std::fill(dst + r * Dp + D, dst + (r + 1) * Dp, 0.f);
+  }
+}
+
+// Q^T-style panels (PW lanes each, D x PW) of `len` rows scaled by s; lanes len..lanes zero.
+inline void pack_panels(const float* src, int64_t ld, int64_t len, int64_t lanes, int64_t D, float s, float* dst) {
+  for (int64_t r0 = 0; r0 < len; r0 += PW)
+    transpose_scaled(src + r0 * ld, ld, std::min(PW, len - r0), D, s, dst + r0 * D, PW);
+  for (int64_t r = len; r < lanes; ++r)
+    for (int64_t d = 0; d < D; ++d) dst[r / PW * PW * D + d * PW + r % PW] = 0.f;
+}
+
+}  // namespace
+
+void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
+                   const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
+                   int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
+                   int num_threads) {
+  const int64_t H = heads, D = head_dim, ld = H * D, total = cu_seqlens[batch];
+  const int64_t Dp = (D + VW - 1) / VW * VW;
+  const int64_t wl = window_left, wr = window_right;
+  const float qscale = scale * LOG2E;
+
+  // Items (sequence, head), costliest first for dynamic scheduling; empty sequences have none.
+  auto len_of = [&](int64_t b) { return (int64_t)cu_seqlens[b + 1] - cu_seqlens[b]; };
+  auto cost = [&](int64_t b) {
+    const int64_t len = len_of(b);
+    return len * std::min(len, (wl < 0 || wr < 0) ? len : wl + wr + 1);
+  };
+  std::vector<int64_t> seqs;
+  int64_t max_lanes = PW;
+  for (int64_t b = 0; b < batch; ++b)
+    if (len_of(b) > 0) {
+      seqs.push_back(b);
+      max_lanes = std::max(max_lanes, (len_of(b) + PW - 1) / PW * PW);
+    }
+  std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+  const int64_t n_items = (int64_t)seqs.size() * H;
+  if (n_items == 0) return;
+  const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  BwdWork w0{};
+  const int64_t per_thread = carve_bwd(nullptr, D, Dp, max_lanes, &w0);
+  float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
+
+#pragma omp parallel num_threads(nt)
+  {
+    BwdWork w{};
+    carve_bwd(mem + per_thread * omp_get_thread_num(), D, Dp, max_lanes, &w);
+    std::fill(w.ones, w.ones + std::max(BN, BM), 1.f);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const int64_t b = seqs[it / H], h = it % H;
+      const int64_t start = cu_seqlens[b], len = len_of(b);
+      const int64_t lanes = (len + PW - 1) / PW * PW;
+      const int64_t off = start * ld + h * D;
+
+      // Per item: Q^T (scaled to log2 units) and dO^T panels, Q and dO rows, lse2, D = rowsum(dO * O).
+      pack_panels(q + off, ld, len, lanes, D, qscale, w.qt);
+      pack_panels(grad + off, ld, len, lanes, D, 1.f, w.gt);
+      pack_rows(q + off, ld, len, D, Dp, w.qr);
+      pack_rows(grad + off, ld, len, D, Dp, w.gr);
+      std::fill(w.dqa, w.dqa + len * Dp, 0.f);
+      for (int64_t i = 0; i < len; ++i) {
+        w.lse2[i] = lse[h * total + start + i] * LOG2E;  // +inf (a row without keys) gives P = 0
+        const float* g = grad + off + i * ld;
+        const float* o = out + off + i * ld;
+        float s = 0.f;
+        for (int64_t d = 0; d < D; ++d) s += g[d] * o[d];
+        w.delta[i] = s;
+      }
+      std::fill(w.lse2 + len, w.lse2 + lanes, 0.f);  // lanes past the sequence: computed, never read back
+      std::fill(w.delta + len, w.delta + lanes, 0.f);
+
+      for (int64_t j0 = 0; j0 < len; j0 += BN) {
+        const int64_t nk = std::min(BN, len - j0);
+        pack_rows(k + off + j0 * ld, ld, nk, D, Dp, w.kp);
+        pack_rows(v + off + j0 * ld, ld, nk, D, Dp, w.vp);
+        std::fill(w.dka, w.dka + nk * Dp, 0.f);
+        std::fill(w.dva, w.dva + nk * Dp, 0.f);
+        // Queries that see a key of this tile: j - right <= i <= j + left; blocks start on panel boundaries.
+        int64_t qlo = wr >= 0 ? std::max<int64_t>(0, j0 - wr) : 0;
+        const int64_t qhi = wl >= 0 ? std::min(len, j0 + nk + wl) : len;
+        qlo = qlo / PW * PW;
+        for (int64_t i0 = qlo; i0 < qhi; i0 += BM) {
+          const int64_t rows = std::min(BM, qhi - i0);
+          const int64_t qcols = (rows + VW - 1) / VW, nl = qcols * VW;
+          const float* qtp = w.qt + i0 * D;  // panel i0 / PW (each PW * D floats)
+          const float* gtp = w.gt + i0 * D;
+
+          // S^T = K Q^T (log2 units), masked to -inf outside query i's window, then P^T = 2^(S^T - lse2).
+          product<false>({w.kp, Dp, 1, qtp, PW, D, w.st, BM, nullptr, PW * D}, nk, qcols);
+          const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);
+          if (masked) {
+            for (int64_t j = 0; j < nk; ++j) {
+              const int64_t ja = j0 + j;
+              int64_t lo = wr >= 0 ? ja - wr - i0 : 0;
+              int64_t hi = wl >= 0 ? ja + wl + 1 - i0 : nl;
+              lo = std::clamp<int64_t>(lo, 0, nl);
+              hi = std::clamp<int64_t>(hi, lo, nl);
+              std::fill(w.st + j * BM, w.st + j * BM + lo, -INFINITY);
+              std::fill(w.st + j * BM + hi, w.st + j * BM + nl, -INFINITY);
+            }
+          }
+          for (int64_t c = 0; c < qcols; ++c) {
+            const vf l2 = vload(w.lse2 + i0 + c * VW);
+            for (int64_t j = 0; j < nk; ++j) {
+              float* s = w.st + j * BM + c * VW;
+              vstore(s, vexp2(vload(s) - l2));
+            }
+          }
+
+          // dV += P^T dO (one row per key, registers along the features).
+          product<true>({w.st, BM, 1, w.gr + i0 * Dp, Dp, rows, w.dva, Dp, w.ones, 0}, nk, Dp / VW);
+          // dP^T = V dO^T; dS^T = P^T (dP^T - D).
+          product<false>({w.vp, Dp, 1, gtp, PW, D, w.dst, BM, nullptr, PW * D}, nk, qcols);
+          for (int64_t c = 0; c < qcols; ++c) {
+            const vf dl = vload(w.delta + i0 + c * VW);
+            for (int64_t j = 0; j < nk; ++j) {
+              float* ds = w.dst + j * BM + c * VW;
+              vstore(ds, vload(w.st + j * BM + c * VW) * (vload(ds) - dl));
+            }
+          }
+          // dK += dS^T Q;  dQ[i0 : i0 + rows] += dS K (one row per query).
+          product<true>({w.dst, BM, 1, w.qr + i0 * Dp, Dp, rows, w.dka, Dp, w.ones, 0}, nk, Dp / VW);
+          product<true>({w.dst, 1, BM, w.kp, Dp, nk, w.dqa + i0 * Dp, Dp, w.ones, 0}, rows, Dp / VW);
+        }
+        float* dkt = dk + off + j0 * ld;
+        float* dvt = dv + off + j0 * ld;
+        for (int64_t j = 0; j < nk; ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            dkt[j * ld + d] = w.dka[j * Dp + d] * scale;
+            dvt[j * ld + d] = w.dva[j * Dp + d];
+          }
+      }
+      float* dqt = dq + off;
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t d = 0; d < D; ++d) dqt[i * ld + d] = w.dqa[i * Dp + d] * scale;
+    }
+  }
+  cache_free(mem);
+}
+
+}  // namespace fastenc_cpu

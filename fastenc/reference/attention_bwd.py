@@ -1,0 +1,81 @@
+"""Attention backward reference (FlashAttention-2's formulas, Dao 2023) and the forward's log-sum-exp, materializing
+scores per sequence: the oracle of every backend's backward.
+
+With S = scale * q k^T (masked to -inf outside the sequence / window), lse_i = log sum_j exp(S_ij) and
+P = exp(S - lse) (the softmax, recomputed from the saved lse), for an upstream gradient dO of out = P v:
+  D_i  = rowsum(dO * O)_i        (= sum_j P_ij dP_ij)
+  dP   = dO v^T
+  dS   = P * (dP - D)
+  dq   = scale * dS k,   dk = scale * dS^T q,   dv = P^T dO
+A query row with no visible key has lse = +inf (P = 0 and every gradient through it 0), the convention the
+kernels follow too.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastenc.reference.attention import _band
+
+
+def _math_dtype(t: torch.Tensor, upcast: bool) -> torch.dtype:
+    if t.dtype == torch.float64:
+        return torch.float64
+    return torch.float32 if upcast else t.dtype
+
+
+def _sequences(cu_seqlens: torch.Tensor):
+    cu = cu_seqlens.tolist()
+    return [(a, e) for a, e in zip(cu[:-1], cu[1:]) if e > a]
+
+
+def _scores(q, k, window, scale):
+    """q, k: (s, heads, d) -> masked scores (heads, s, s) in q's dtype."""
+    s = q.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    ok = _band(s, s, window[0], window[1], q.device)[None]
+    return scores.masked_fill(~ok, float("-inf"))
+
+
+def attention_lse_varlen_ref(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor,
+                             window: tuple[int, int] = (-1, -1), scale: float | None = None) -> torch.Tensor:
+    """Per-row log-sum-exp of the scaled, masked scores (natural log).
+
+    q, k: (total_tokens, heads, head_dim); cu_seqlens int32 (batch+1,). Returns (heads, total_tokens) fp32
+    (fp64 for fp64 inputs); +inf for a row that sees no key.
+    """
+    total, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    dt = _math_dtype(q, True)
+    lse = torch.full((h, total), float("inf"), dtype=dt, device=q.device)
+    for a, e in _sequences(cu_seqlens):
+        row = torch.logsumexp(_scores(q[a:e].to(dt), k[a:e].to(dt), window, scale), dim=-1)  # (h, s)
+        lse[:, a:e] = torch.where(torch.isfinite(row), row, torch.full_like(row, float("inf")))
+    return lse
+
+
+def attention_bwd_varlen_ref(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
+                             window: tuple[int, int] = (-1, -1), scale: float | None = None,
+                             upcast: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of the packed-layout attention by the explicit formulas above.
+
+    grad, q, k, v, out: (total_tokens, heads, head_dim); lse: (heads, total_tokens) as saved by the forward;
+    cu_seqlens int32 (batch+1,); window (left, right), -1 = unbounded. Math in fp32 when `upcast` (fp64 for fp64
+    inputs), else in q's dtype. Returns dq, dk, dv in q's dtype.
+    """
+    total, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    dt = _math_dtype(q, upcast)
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for a, e in _sequences(cu_seqlens):
+        qs, ks, vs, gs, os_ = (t[a:e].to(dt) for t in (q, k, v, grad, out))
+        p = torch.exp(_scores(qs, ks, window, scale) - lse[:, a:e, None].to(dt))  # (h, s, s); exp(-inf) = 0
+        delta = (gs * os_).sum(-1).transpose(0, 1)                            # D: (h, s)
+        dp = torch.einsum("qhd,khd->hqk", gs, vs)
+        ds = p * (dp - delta[:, :, None])
+        dq[a:e] = (torch.einsum("hqk,khd->qhd", ds, ks) * scale).to(q.dtype)
+        dk[a:e] = (torch.einsum("hqk,qhd->khd", ds, qs) * scale).to(k.dtype)
+        dv[a:e] = torch.einsum("hqk,qhd->khd", p, gs).to(v.dtype)
+    return dq, dk, dv

@@ -1,0 +1,300 @@
+"""Triton attention backward, FlashAttention-2's (Dao, 2023), for the packed variable-length layout with a sliding
+window: the probabilities are recomputed tile by tile from the forward's log-sum-exp, never stored.
+
+Three kernels:
+  _attention_bwd_preprocess_kernel  D = rowsum(dO * O) per (token, head)
+  _attention_bwd_dkdv_kernel        one program per (key tile, head, sequence): loops over the query tiles of the
+                                    window's band, accumulating dK and dV in registers
+  _attention_bwd_dq_kernel          one program per (query tile, head, sequence): loops over the key tiles of the
+                                    band, accumulating dQ in registers
+dQ by query tile in a second kernel, not with atomics into a shared fp32 buffer: the result is deterministic, needs
+no fp32 dQ buffer nor a conversion pass, and runs under the CPU interpreter; it costs recomputing S and dP (7 tile
+products per tile pair instead of 5), which encoder-length sequences (<= a few thousand tokens) pay readily.
+Layout: grad, q, k, v, out, dq, dk, dv (total_tokens, heads, head_dim); lse, D (heads, total_tokens) fp32.
+cu_seqlens is read by the kernels and clamped to [0, total_tokens] where read, so no access leaves the tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from fastenc.kernels._util import on_device
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _seq_bounds(CU, b, total):
+    # cu_seqlens[b], cu_seqlens[b + 1] clamped to 0 <= start <= end <= total (a corrupt entry reads nothing outside).
+    start = tl.minimum(tl.maximum(tl.load(CU + b), 0), total)
+    end = tl.minimum(tl.maximum(tl.load(CU + b + 1), start), total)
+    return start, end - start
+
+
+@triton.jit
+def _attention_bwd_preprocess_kernel(O, DO, DELTA, total, stride_t, stride_h,
+                                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    # DELTA[h, t] = sum_d dO[t, h, d] * O[t, h, d]  (fp32), the row term of dS = P * (dP - D).
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (t < total)[:, None] & (offs_d < D)[None, :]
+    ptr = t[:, None].to(tl.int64) * stride_t + h * stride_h + offs_d[None, :]
+    o = tl.load(O + ptr, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + ptr, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + h.to(tl.int64) * total + t, tl.sum(o * do, 1), mask=t < total)
+
+
+@triton.jit
+def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_tiles, stride_t, stride_h, window_left,
+                               window_right, qk_scale, scale,
+                               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
+    # Program (key tile n, sequence b) on grid axis 0 = n_tiles * batch (grid y/z stop at 65,535), head h on
+    # axis 1. In base 2, s = q.k * scale * log2(e), lse2 = lse * log2(e):
+    #   for each query tile i of the band (queries i with j - right <= i <= j + left):
+    #     P^T  = 2^(s^T - lse2)          (BLOCK_N x BLOCK_M; 0 outside the sequence / window)
+    #     dV  += P^T dO
+    #     dP^T = V dO^T;  dS^T = P^T * (dP^T - D)
+    #     dK  += dS^T Q
+    #   dK *= scale.
+    pid = tl.program_id(0)
+    b = pid // n_tiles
+    pid_n = pid - b * n_tiles
+    h = tl.program_id(1)
+    start, seqlen = _seq_bounds(CU, b, total)
+    n0 = pid_n * BLOCK_N
+    if n0 >= seqlen:
+        return
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = offs_n < seqlen
+    d_ok = offs_d < D
+    base = start.to(tl.int64) * stride_t + h * stride_h
+    kv_ptr = base + offs_n[:, None].to(tl.int64) * stride_t + offs_d[None, :]
+    kv_mask = col_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + kv_ptr, mask=kv_mask, other=0.0)
+    v = tl.load(V + kv_ptr, mask=kv_mask, other=0.0)
+    row_base = h.to(tl.int64) * total + start
+
+    lo = 0
+    hi = seqlen
+    if HAS_RIGHT:
+        lo = tl.maximum(n0 - window_right, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    if HAS_LEFT:
+        hi = tl.minimum(n0 + BLOCK_N + window_left, seqlen)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for m0 in range(lo, hi, BLOCK_M):
+        rows = m0 + offs_m
+        row_ok = rows < hi
+        q_ptr = base + rows[:, None].to(tl.int64) * stride_t + offs_d[None, :]
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + q_ptr, mask=q_mask, other=0.0)             # (BLOCK_M, BLOCK_D)
+        do = tl.load(DO + q_ptr, mask=q_mask, other=0.0)
+        lse2 = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
+        if IEEE:
+            st = tl.dot(k, tl.trans(q), input_precision="ieee")
+        else:
+            st = tl.dot(k, tl.trans(q))
+        keep = col_ok[:, None] & row_ok[None, :]
+        if HAS_LEFT:
+            keep = keep & (offs_n[:, None] >= rows[None, :] - window_left)
+        if HAS_RIGHT:
+            keep = keep & (offs_n[:, None] <= rows[None, :] + window_right)
+        pt = tl.where(keep, tl.math.exp2(st * qk_scale - lse2[None, :]), 0.0)  # lse2 = +inf (no key): 0
+        if IEEE:
+            dv += tl.dot(pt, do, input_precision="ieee")
+            dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
+        else:
+            dv += tl.dot(pt.to(do.dtype), do)
+            dpt = tl.dot(v, tl.trans(do))
+        dst = pt * (dpt - delta[None, :])
+        if IEEE:
+            dk += tl.dot(dst, q, input_precision="ieee")
+        else:
+            dk += tl.dot(dst.to(q.dtype), q)
+    tl.store(DK + kv_ptr, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + kv_ptr, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, stride_t, stride_h, window_left,
+                             window_right, qk_scale, scale,
+                             D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
+    # Program (query tile m, sequence b) on grid axis 0 = n_tiles * batch, head h on axis 1:
+    #   for each key tile j of the band (keys j with i - left <= j <= i + right):
+    #     P = 2^(s - lse2);  dP = dO V^T;  dS = P * (dP - D);  dQ += dS K
+    #   dQ *= scale.
+    pid = tl.program_id(0)
+    b = pid // n_tiles
+    pid_m = pid - b * n_tiles
+    h = tl.program_id(1)
+    start, seqlen = _seq_bounds(CU, b, total)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen
+    d_ok = offs_d < D
+    base = start.to(tl.int64) * stride_t + h * stride_h
+    q_ptr = base + offs_m[:, None].to(tl.int64) * stride_t + offs_d[None, :]
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + q_ptr, mask=q_mask, other=0.0)
+    do = tl.load(DO + q_ptr, mask=q_mask, other=0.0)
+    row_base = h.to(tl.int64) * total + start
+    lse2 = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+
+    lo = 0
+    hi = seqlen
+    if HAS_LEFT:
+        lo = tl.maximum(m0 - window_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(m0 + BLOCK_M + window_right, seqlen)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + offs_n
+        col_ok = cols < hi
+        kv_ptr = base + cols[:, None].to(tl.int64) * stride_t + offs_d[None, :]
+        kv_mask = col_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + kv_ptr, mask=kv_mask, other=0.0)           # (BLOCK_N, BLOCK_D)
+        v = tl.load(V + kv_ptr, mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+            dp = tl.dot(do, tl.trans(v))
+        keep = row_ok[:, None] & col_ok[None, :]
+        if HAS_LEFT:
+            keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
+        if HAS_RIGHT:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + window_right)
+        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
+        ds = p * (dp - delta[:, None])
+        if IEEE:
+            dq += tl.dot(ds, k, input_precision="ieee")
+        else:
+            dq += tl.dot(ds.to(k.dtype), k)
+    tl.store(DQ + q_ptr, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@dataclass(frozen=True)
+class AttentionBwdConfig:
+    """Launch configuration of the dK/dV and dQ kernels: block_m queries x block_n keys per tile pair."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def block_d(head_dim: int) -> int:
+    """Head dim padded to a power of two >= 16 (tl.dot's smallest K)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> AttentionBwdConfig:
+    """Analytical choice per head dim (cc = major*10+minor; None = CPU interpreter). dK and dV (or dQ) accumulate
+    in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills."""
+    bd = block_d(head_dim)
+    if cc is None:  # interpreter: few large tiles
+        return AttentionBwdConfig(64, 64, 4, 1)
+    if dtype == torch.float32:  # IEEE fp32 dots (no tensor-core path): small tiles over 8 warps
+        return AttentionBwdConfig(32, 32, 8, 1) if bd <= 64 else AttentionBwdConfig(16, 32, 8, 1)
+    if bd <= 64:  # 4 warps hold dK + dV (or dQ) at 64 x 64 only by spilling on sm_80
+        return AttentionBwdConfig(64, 64, 8, 2)
+    if bd <= 128:
+        return AttentionBwdConfig(64, 64, 8, 2)
+    return AttentionBwdConfig(32, 32, 8, 1)
+
+
+def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int, window_right: int,
+                  scale: float, config: AttentionBwdConfig | None = None):
+    """grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; lse: (heads, total_tokens)
+    fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded. Returns (dq, dk, dv) like q."""
+    total, heads, d = q.shape
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    batch = cu_seqlens.numel() - 1
+    if total == 0 or batch == 0 or heads == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
+    lse = lse.contiguous()
+    delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
+    bd = block_d(d)
+    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q))
+    common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
+                  HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    if heads > 65535:
+        raise ValueError(f"attention backward (triton): heads must be <= 65535 (grid axis 1), got {heads}")
+    rest = (heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E, scale)
+    seq = max(min(max_seqlen, total), 1)
+    n_kv, n_q = triton.cdiv(seq, cfg.block_n), triton.cdiv(seq, cfg.block_m)
+    with on_device(q):
+        _attention_bwd_preprocess_kernel[(triton.cdiv(total, 64), heads)](
+            out, grad, delta, total, heads * d, d, D=d, BLOCK_D=bd, BLOCK_T=64)
+        _attention_bwd_dkdv_kernel[(n_kv * batch, heads)](
+            q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, **common)
+        _attention_bwd_dq_kernel[(n_q * batch, heads)](
+            q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, **common)
+    return dq, dk, dv
+
+
+def _cc(t: torch.Tensor) -> int:
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return major * 10 + minor
+
+
+def compile_specs() -> list[dict]:
+    """Ahead-of-time compile configurations (kernels/_compile.py; each compiled for sm_90 and sm_80): the three
+    kernels at the heuristic's config for head dims 64 and 128 (fp16, bf16), 256 (bf16), a windowed bf16 case and
+    fp32."""
+    specs = []
+    cases = [("fp16", torch.float16, 64, False), ("bf16", torch.bfloat16, 64, True),
+             ("bf16", torch.bfloat16, 128, False), ("fp16", torch.float16, 256, False),
+             ("fp32", torch.float32, 64, False), ("fp32", torch.float32, 128, True)]
+    for cc in (90,):  # default_config does not depend on the GPU generation (yet): one config per case
+        for tname, dtype, d, windowed in cases:
+            cfg = default_config(d, dtype, cc)
+            ptr = "*" + tname
+            ints = {"total": "i32", "n_tiles": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
+                    "window_right": "i32", "qk_scale": "fp32", "scale": "fp32"}
+            consts = {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                      "HAS_LEFT": windowed, "HAS_RIGHT": windowed, "IEEE": dtype == torch.float32}
+            tag = f"{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}"
+            launch = {"divisible_by_16": ["stride_t", "stride_h"], "num_warps": cfg.num_warps,
+                      "num_stages": cfg.num_stages}
+            sig_c = {k: "constexpr" for k in consts}
+            specs.append({"name": f"attention_bwd_dkdv_{tag}", "fn": _attention_bwd_dkdv_kernel,
+                          "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
+                                        "DK": ptr, "DV": ptr, "CU": "*i32", **ints, **sig_c},
+                          "constexprs": consts, **launch})
+            specs.append({"name": f"attention_bwd_dq_{tag}", "fn": _attention_bwd_dq_kernel,
+                          "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
+                                        "DQ": ptr, "CU": "*i32", **ints, **sig_c},
+                          "constexprs": consts, **launch})
+            if not windowed:
+                specs.append({"name": f"attention_bwd_preprocess_{tname}_d{d}_cfg{cc}",
+                              "fn": _attention_bwd_preprocess_kernel,
+                              "signature": {"O": ptr, "DO": ptr, "DELTA": "*fp32", "total": "i32",
+                                            "stride_t": "i32", "stride_h": "i32", "D": "constexpr",
+                                            "BLOCK_D": "constexpr", "BLOCK_T": "constexpr"},
+                              "constexprs": {"D": d, "BLOCK_D": block_d(d), "BLOCK_T": 64},
+                              "divisible_by_16": ["stride_t", "stride_h"], "num_warps": 4, "num_stages": 1})
+    return specs
