@@ -98,7 +98,7 @@ def test_triton_kernel_stays_inside_its_tensors_with_bad_cu_seqlens(cu_values, m
     out_buf = torch.full((guard + total + guard, h, d), 7.0, device=device)
     monkeypatch.setattr(torch, "empty_like", lambda t, *a, **kw: out_buf[guard:guard + total])
     cu = torch.tensor(cu_values, dtype=torch.int32, device=device)
-    out = ka.attention_fwd(q, k, v, cu, 5, -1, -1, 0.25)
+    out, _ = ka.attention_fwd(q, k, v, cu, 5, -1, -1, 0.25)
     assert out.data_ptr() == out_buf[guard:].data_ptr()
     assert torch.equal(out_buf[:guard], torch.full_like(out_buf[:guard], 7.0)), "wrote before the output"
     assert torch.equal(out_buf[guard + total:], torch.full_like(out_buf[:guard], 7.0)), "wrote past the output"
