@@ -20,7 +20,8 @@ from fastenc import registry
 from fastenc.registry import _dt
 from fastenc.ops import _backends
 from fastenc.ops._common import check_cu_seqlens, check_float, needs_grad
-from fastenc.ops._attention_bwd import _bwd_inputs, backward, setup_context  # also registers attention_bwd
+from fastenc.ops._attention_bwd import (  # also registers attention_bwd
+    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, setup_context)
 from fastenc.ops._library import custom_op
 from fastenc.ops._padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
@@ -49,24 +50,6 @@ def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend
 
 _backends.reference(OP, _reference)
 _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
-
-
-def _head_dim(inputs) -> int:
-    return int(inputs["q"].shape[-1])
-
-
-def _triton_check(inputs) -> list[str]:
-    d = _head_dim(inputs)
-    if d % 8 or not 8 <= d <= 256:
-        return [f"head_dim must be a multiple of 8 in [8, 256], got {d}"]
-    return []
-
-
-def _cpu_check(inputs) -> list[str]:
-    d = _head_dim(inputs)
-    if not 1 <= d <= 256:
-        return [f"head_dim must be in [1, 256], got {d}"]
-    return []
 
 
 _backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
