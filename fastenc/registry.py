@@ -6,6 +6,23 @@ dispatcher walks a priority list and, when nothing fits an explicit choice, rais
 Choice order: explicit `backend=` argument, then `fastenc.use_backend(...)`, then the `FASTENC_BACKEND`
 environment variable (comma-separated preference list), then each implementation's default priority.
 Nothing here touches a GPU, imports triton or builds an extension at import time.
+
+Cost of a dispatch: a decision is remembered per (op, the backend argument, the use_backend choice, the
+FASTENC_BACKEND and TRITON_INTERPRET values, and each input's dtype, device type and shape, or value when it is not
+a tensor): the facts every `check` reads. A repeated call looks the decision up instead of asking every
+implementation again (and repeats the fallback warning only if the warned-once set was cleared). Availability
+answers are taken as fixed once given (the extension remembers its build result); registering an implementation
+forgets every decision. Nothing that guards memory is remembered: the ops validate cu_seqlens and positions on
+every call, and the kernels bounds-check what they read.
+
+Under torch.compile: dynamo traces `select` like any Python (the checks on shapes, dtypes and devices become its
+guards) except for what it cannot trace, which is resolved by functions it treats as constants
+(`_traced_constant`): the use_backend / FASTENC_BACKEND choice, each backend's availability, the TRITON_INTERPRET
+flag and the fallback warning. Those are read once, when the graph is traced, and are not guarded: a compiled
+graph keeps the backends chosen when it was traced; after changing use_backend or FASTENC_BACKEND around compiled
+code, call torch.compiler.reset() (or compile afresh). The backend argument is a constant of the traced code and
+is guarded like any other. So the public ops trace with no graph break and the backend name reaches the custom op
+as a constant, while eager dispatch keeps its exact semantics.
 """
 from __future__ import annotations
 
@@ -28,6 +45,32 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _REGISTRY: dict[str, dict[str, "Impl"]] = {}
 _CONTEXT: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("fastenc_backend", default=None)
 _WARNED: set[tuple] = set()
+_DECISIONS: dict[tuple, tuple["Impl", tuple | None]] = {}  # see "Cost of a dispatch" above
+_DECISIONS_MAX = 4096  # forgotten all at once when full (varying token counts make new keys)
+
+
+def _traced_constant(fn: Callable) -> Callable:
+    """Mark `fn` as torch.compiler.assume_constant_result does (the same attribute, set here so that importing
+    fastenc does not import torch._dynamo): dynamo calls it once while tracing and keeps its result as a constant
+    of the graph, with no guard on it. Outside tracing it is an ordinary call."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+_ENVIRON_DATA = getattr(os.environ, "_data", None)  # os.environ's own store: a lookup without a KeyError
+
+
+def _env(name: str) -> str:
+    """os.environ.get(name, ""), without the exception os.environ.get raises and catches for a missing name
+    (~10x cheaper); the same store os.environ writes, so a change at run time is seen at once."""
+    if _ENVIRON_DATA is None:
+        return os.environ.get(name, "")
+    raw = _ENVIRON_DATA.get(os.environ.encodekey(name))
+    return "" if raw is None else os.environ.decodevalue(raw)
 
 
 @dataclass(frozen=True)
@@ -39,7 +82,9 @@ class Impl:
     dtypes:    input dtypes it accepts.
     priority:  higher wins in automatic selection.
     available: () -> reason string or None; may be costly (builds an extension), called only at dispatch.
-    check:     (inputs) -> list of reasons these particular inputs cannot be served (head dim, sizes ...).
+    check:     (inputs) -> list of reasons these particular inputs cannot be served (head dim, sizes ...); may read
+               only the tensors' dtype, device type and shape and the non-tensor values (the decision is
+               remembered per those facts).
     limits:    human-readable limits for `fastenc info`.
     probe:     cheap version of `available` for `fastenc info` (must not build anything).
     auto_devices: devices on which automatic selection may pick it (None: all of `devices`); triton
@@ -59,7 +104,11 @@ class Impl:
     auto_devices: tuple[str, ...] | None = None
 
     def unavailable_reason(self) -> str | None:
-        return self.available() if self.available is not None else None
+        if self.available is None:
+            return None
+        if _compiling():
+            return _unavailable_traced(self.op, self.backend)
+        return self.available()
 
     def may_serve(self, t: torch.Tensor | None, auto: bool) -> bool:
         """Cheap pre-check on device and dtype only (no reason strings): False means not_supported_reasons
@@ -109,7 +158,13 @@ def register(impl: Impl) -> Impl:
     if impl.backend not in BACKENDS:
         raise ValueError(f"register: backend must be one of {BACKENDS}, got {impl.backend!r}")
     _REGISTRY.setdefault(impl.op, {})[impl.backend] = impl
+    _DECISIONS.clear()
     return impl
+
+
+@_traced_constant
+def _unavailable_traced(op: str, backend: str) -> str | None:
+    return _REGISTRY[op][backend].available()
 
 
 def _ranked(op: str) -> list[Impl]:
@@ -172,13 +227,22 @@ def use_backend(*names: str):
 def _requested(backend: str | Sequence[str] | None) -> tuple[tuple[str, ...] | None, str]:
     if backend is not None:
         return _parse_backends(backend, "backend"), "backend argument"
+    if _compiling():
+        return _requested_traced()
+    return _requested_now()
+
+
+def _requested_now() -> tuple[tuple[str, ...] | None, str]:
     ctx = _CONTEXT.get()
     if ctx is not None:
         return ctx, "use_backend"
-    env = os.environ.get("FASTENC_BACKEND", "").strip()
+    env = _env("FASTENC_BACKEND").strip()
     if env:
         return _parse_backends(env, "FASTENC_BACKEND"), "FASTENC_BACKEND"
     return None, ""
+
+
+_requested_traced = _traced_constant(lambda: _requested_now())  # a ContextVar is not traceable: read at trace time
 
 
 def requested_backends() -> tuple[str, ...] | None:
@@ -195,8 +259,59 @@ def backend_allowed(backend: str) -> bool:
     return wanted is None or backend in wanted
 
 
+def _facts(inputs: Mapping[str, Any]) -> tuple:
+    """What the implementations' checks may read of `inputs` (see Impl.check): the key of a remembered decision."""
+    return tuple((k, v.dtype, v.device.type, v.shape) if isinstance(v, torch.Tensor) else (k, v)
+                 for k, v in inputs.items())
+
+
+def _remembered(op: str, key: tuple) -> tuple[dict | None, tuple["Impl", tuple | None] | None]:
+    """(the op's decision table, the decision for `key` or None). The table is forgotten when the op's
+    implementations changed since it was filled (register, or a test swapping an entry)."""
+    table = _REGISTRY.get(op)
+    if table is None:
+        return None, None
+    current = tuple(table.values())
+    entry = _DECISIONS.get(op)
+    if entry is None or entry[0] != current:
+        if len(_DECISIONS) >= _DECISIONS_MAX:
+            _DECISIONS.clear()
+        entry = _DECISIONS[op] = (current, {})
+    decisions = entry[1]
+    try:
+        return decisions, decisions.get(key)
+    except TypeError:  # an unhashable non-tensor input: not remembered
+        return None, None
+
+
+def _remember(decisions: dict | None, key: tuple, decision: tuple["Impl", tuple | None]) -> None:
+    if decisions is None:
+        return
+    if len(decisions) >= _DECISIONS_MAX:
+        decisions.clear()
+    decisions[key] = decision
+
+
 def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | None = None) -> Impl:
     """Pick the implementation of `op` for `inputs` (see module docstring for the order)."""
+    if _compiling():
+        chosen, warning = _choose(op, inputs, backend)
+        _emit(warning)
+        return chosen
+    ctx = _CONTEXT.get() if backend is None else None
+    key = (backend if backend is None or isinstance(backend, str) else tuple(backend), ctx,
+           _env("FASTENC_BACKEND") if backend is None and ctx is None else "", _env("TRITON_INTERPRET"),
+           _facts(inputs))
+    decisions, hit = _remembered(op, key)
+    if hit is None:
+        hit = _choose(op, inputs, backend)
+        _remember(decisions, key, hit)
+    _emit(hit[1])
+    return hit[0]
+
+
+def _choose(op: str, inputs: Mapping[str, Any], backend) -> tuple[Impl, tuple | None]:
+    """(the implementation, the fallback warning to give once or None); ValueError listing every reason."""
     wanted, source = _requested(backend)
     if wanted is not None:
         table = impls(op)
@@ -208,7 +323,7 @@ def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | No
                 continue
             why = impl.not_supported_reasons(inputs)
             if not why:
-                return impl
+                return impl, None
             reasons.append(f"{name}: " + "; ".join(why))
         raise ValueError(f"{op}: {source} {list(wanted)} cannot serve these inputs: " + " | ".join(reasons))
     skipped: list[str] = []
@@ -218,9 +333,10 @@ def select(op: str, inputs: Mapping[str, Any], backend: str | Sequence[str] | No
             continue
         why = impl.not_supported_reasons(inputs, auto=True)
         if not why:
+            warning = None
             if skipped and any(s.split(":")[0] != "reference" for s in skipped):
-                _warn_once(op, impl.backend, skipped)
-            return impl
+                warning = _fallback_warning(op, impl.backend, skipped)
+            return impl, warning
         skipped.append(f"{impl.backend}: " + "; ".join(why))
     skipped = [f"{i.backend}: " + "; ".join(i.not_supported_reasons(inputs, auto=True)) for i in _ranked(op)]
     raise ValueError(f"{op}: no implementation can serve these inputs: " + " | ".join(skipped))
@@ -232,43 +348,67 @@ def select_backward(op: str, inputs: Mapping[str, Any], forward_backend: str) ->
     The backward runs on the backend that ran the forward when that backend's backward can serve the inputs;
     otherwise the automatic choice (highest priority that can serve) takes it and a warning says so once.
     When nothing can serve, ValueError lists every backend's reason. Ops call this before running the forward
-    when a gradient will be needed, so an unservable backward fails before any kernel runs.
+    when a gradient will be needed, so an unservable backward fails before any kernel runs. Remembered like
+    `select`'s decisions (it reads no backend choice, only the forward's backend).
     """
+    if _compiling():
+        chosen, warning = _choose_backward(op, inputs, forward_backend)
+        _emit(warning)
+        return chosen
+    key = (forward_backend, _env("TRITON_INTERPRET"), _facts(inputs))
+    decisions, hit = _remembered(op, key)
+    if hit is None:
+        hit = _choose_backward(op, inputs, forward_backend)
+        _remember(decisions, key, hit)
+    _emit(hit[1])
+    return hit[0]
+
+
+def _choose_backward(op: str, inputs: Mapping[str, Any], forward_backend: str) -> tuple[Impl, tuple | None]:
     table = impls(op)
     own = table.get(forward_backend)
     why = ([f"{op} has no {forward_backend} implementation"] if own is None
            else own.not_supported_reasons(inputs))
     if not why:
-        return own
+        return own, None
     reasons: list[str] = []
     for impl in _ranked(op):
         r = impl.not_supported_reasons(inputs, auto=True)
         if not r:
-            key = (op, forward_backend, impl.backend, tuple(why))
-            if key not in _WARNED:
-                _WARNED.add(key)
-                msg = f"fastenc: {op} runs on {impl.backend}, not {forward_backend}: " + "; ".join(why)
-                log.warning(msg)
-                warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            return impl
+            msg = f"fastenc: {op} runs on {impl.backend}, not {forward_backend}: " + "; ".join(why)
+            return impl, ((op, forward_backend, impl.backend, tuple(why)), msg)
         reasons.append(f"{impl.backend}: " + "; ".join(r))
     raise ValueError(f"{op}: the forward ran on {forward_backend}, and no backend can compute the backward for "
                      f"these inputs: {forward_backend}: " + "; ".join(why) + " | " + " | ".join(reasons))
 
 
-def _warn_once(op: str, chosen: str, skipped: list[str]) -> None:
+def _fallback_warning(op: str, chosen: str, skipped: list[str]) -> tuple | None:
     # Only warn when a backend that would normally serve this device was unavailable (not for the
     # ordinary "triton is cuda-only" skips on CPU).
     real = [s for s in skipped if "device " not in s and "not chosen automatically" not in s and "dtype " not in s]
     if not real:
+        return None
+    return (op, chosen, tuple(real)), f"fastenc: {op} falls back to {chosen}: " + " | ".join(real)
+
+
+def _emit(warning: tuple | None, stacklevel: int = 4) -> None:
+    """Give a (key, message) warning once per key: logged, and a RuntimeWarning pointing `stacklevel` frames up
+    from the dispatch function's caller's caller (the op's caller)."""
+    if warning is None:
         return
-    key = (op, chosen, tuple(real))
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
-    msg = f"fastenc: {op} falls back to {chosen}: " + " | ".join(real)
-    log.warning(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    if _compiling():
+        _warn_traced(warning)  # the warned-once set is read at trace time, not guarded on
+    elif warning[0] not in _WARNED:
+        _warn(warning, stacklevel + 1)
+
+
+def _warn(warning: tuple, stacklevel: int) -> None:
+    _WARNED.add(warning[0])
+    log.warning(warning[1])
+    warnings.warn(warning[1], RuntimeWarning, stacklevel=stacklevel)
+
+
+_warn_traced = _traced_constant(lambda warning: None if warning[0] in _WARNED else _warn(warning, 2))
 
 
 # ---- availability probes (called at dispatch time, never at import) ----
@@ -280,7 +420,12 @@ def triton_available() -> str | None:
 
 
 def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if _compiling():
+        return _interpreter_traced()
+    return _env("TRITON_INTERPRET") not in ("", "0")
+
+
+_interpreter_traced = _traced_constant(lambda: _env("TRITON_INTERPRET") not in ("", "0"))
 
 
 _NEEDS_INTERPRETER = "CPU tensors need TRITON_INTERPRET=1 (set before triton is imported)"

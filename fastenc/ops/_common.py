@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from fastenc.ops._library import custom_op
 from fastenc.registry import FLOAT_DTYPES, _dt
 
 
@@ -72,11 +73,36 @@ def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> l
 
     Read on every call (a device sync on CUDA): a remembered "already checked" tensor can be changed behind the
     version counter (through numpy, `.data` or shared memory). The kernels bounds-check what they read as well,
-    so a value changed after this check can give a wrong result but never touches memory outside the tensors."""
-    return _validate_cu_seqlens(cu_seqlens, total, device, op)
+    so a value changed after this check can give a wrong result but never touches memory outside the tensors.
+
+    Under torch.compile the values are not known while tracing: the checks that read them run in the graph, on
+    every call, inside the fastenc::cu_seqlens_lengths op (the same errors), and the list returned holds symbolic
+    ints, [0, n0, n0 + n1, ...] over the sequence lengths n_i >= 0 that op returns, so the caller's max over
+    the differences is the symbolic longest length."""
+    if not torch.compiler.is_compiling():
+        return _validate_cu_seqlens(cu_seqlens, total, device, op)
+    _check_cu_seqlens_meta(cu_seqlens, device, op)
+    cu = [0]
+    for n in _cu_seqlens_lengths_op(cu_seqlens, total, op).tolist():
+        torch._check(n >= 0)
+        cu.append(cu[-1] + n)
+    return cu
 
 
-def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
+@custom_op("fastenc::cu_seqlens_lengths", mutates_args=())
+def _cu_seqlens_lengths_op(cu_seqlens: torch.Tensor, total: int, op: str) -> torch.Tensor:
+    """cu_seqlens (batch+1,) int32 -> the sequence lengths (batch,) int32, after _validate_cu_seqlens."""
+    _validate_cu_seqlens(cu_seqlens, total, cu_seqlens.device, op)
+    return cu_seqlens[1:] - cu_seqlens[:-1]
+
+
+@_cu_seqlens_lengths_op.register_fake
+def _(cu_seqlens, total, op):
+    return cu_seqlens.new_empty(cu_seqlens.shape[0] - 1)
+
+
+def _check_cu_seqlens_meta(cu_seqlens, device, op: str) -> None:
+    """The checks of cu_seqlens that read no value: type, dtype, shape, device."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{op}: cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype != torch.int32:
@@ -85,6 +111,10 @@ def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
         raise ValueError(f"{op}: cu_seqlens must be 1-D of length batch+1 >= 2, got shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.device != torch.device(device):
         raise ValueError(f"{op}: cu_seqlens must be on q's device {device}, got {cu_seqlens.device}")
+
+
+def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
+    _check_cu_seqlens_meta(cu_seqlens, device, op)
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
         raise ValueError(f"{op}: cu_seqlens must start at 0, got {cu[0]}")

@@ -181,7 +181,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     elif cu_seqlens is not None:
         cu = check_cu_seqlens(cu_seqlens, tokens, q.device, OP)  # host list, read once per forward (cached)
         longest = max(b - a for a, b in zip(cu, cu[1:]))
-        if longest > rows:
+        if torch.compiler.is_compiling():  # longest is symbolic there: the check becomes a run-time assert
+            torch._check(longest <= rows, lambda: f"{OP}: longest sequence exceeds the cos/sin table ({rows} positions)")
+        elif longest > rows:
             raise ValueError(f"{OP}: longest sequence {longest} exceeds the cos/sin table ({rows} positions)")
         pos = positions_from_cu_seqlens(cu_seqlens, tokens)
     else:

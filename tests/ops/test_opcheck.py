@@ -185,7 +185,7 @@ def test_backward_through_an_op_raises_naming_it():
 
 def test_ops_under_torch_compile_match_eager():
     # aot_eager runs the traced graph through the fake kernels and AOT dispatch without a C++ compile step;
-    # the dispatch in the public functions (registry.select) is not traced: dynamo breaks the graph there.
+    # the dispatch in the public functions (registry.select) traces too (tests/ops/test_compile.py: fullgraph).
     w, b = testing.randn(96), testing.randn(96)
 
     def block(x, r):
