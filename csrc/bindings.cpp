@@ -303,9 +303,10 @@ std::tuple<Tensor, Tensor> rope_bwd(const Tensor& grad_q, const Tensor& grad_k, 
 
 // ---------------------------------------------------------------- gelu / geglu backward (cpu)
 // grad, x (rows, n) -> (dx (rows, n), dbias (n,) in x's dtype, or empty without bias); bf16 end to end or fp32 math
-// over fp32 copies. dbias is summed in fp32 inside the kernel.
+// over fp32 copies. dbias is summed in fp32 inside the kernel. need_dx / need_dbias false: that output is empty and
+// the kernel neither writes nor sums it.
 std::tuple<Tensor, Tensor> gelu_bwd(const Tensor& grad, const Tensor& x, const OptTensor& bias,
-                                    const std::string& approximate) {
+                                    const std::string& approximate, bool need_dx, bool need_dbias) {
   check_cpu(x, "x");
   check_cpu(grad, "grad");
   TORCH_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh'");
@@ -313,22 +314,23 @@ std::tuple<Tensor, Tensor> gelu_bwd(const Tensor& grad, const Tensor& x, const O
               ", got ", grad.sizes());
   TORCH_CHECK(!bias || bias->numel() == x.size(1), "gelu backward: bias must have ", x.size(1), " elements");
   const bool tanh_approx = approximate == "tanh";
+  const bool sum = bias && need_dbias;
   const int64_t rows = x.size(0), n = x.size(1);
-  Tensor db = bias ? at::empty({n}, x.options().dtype(at::kFloat)) : at::empty({0}, x.options());
-  float* dbp = bias ? db.data_ptr<float>() : nullptr;
+  Tensor db = sum ? at::empty({n}, x.options().dtype(at::kFloat)) : at::empty({0}, x.options());
+  float* dbp = sum ? db.data_ptr<float>() : nullptr;
   if (all_bf16({grad, x}) && (!bias || all_bf16({*bias}))) {
     Tensor gc = grad.contiguous(), xc = x.contiguous();
     OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
-    Tensor dx = cpu_empty_like(xc);
-    fastenc_cpu::gelu_bwd_bf16(bptr(gc), bptr(xc), bptr(bc), bptr(dx), dbp, rows, n, tanh_approx);
-    return {dx, bias ? db.to(x.scalar_type()) : db};
+    Tensor dx = need_dx ? cpu_empty_like(xc) : at::empty({0}, x.options());
+    fastenc_cpu::gelu_bwd_bf16(bptr(gc), bptr(xc), bptr(bc), need_dx ? bptr(dx) : nullptr, dbp, rows, n, tanh_approx);
+    return {dx, sum ? db.to(x.scalar_type()) : db};
   }
   Tensor gf = f32(grad), xf = f32(x);
   OptTensor bf = bias ? OptTensor(f32(*bias)) : std::nullopt;
-  Tensor dx = cpu_empty_like(xf);
-  fastenc_cpu::gelu_bwd(gf.data_ptr<float>(), xf.data_ptr<float>(), fptr(bf), dx.data_ptr<float>(), dbp, rows, n,
-                        tanh_approx);
-  return {dx.to(x.scalar_type()), bias ? db.to(x.scalar_type()) : db};
+  Tensor dx = need_dx ? cpu_empty_like(xf) : at::empty({0}, xf.options());
+  fastenc_cpu::gelu_bwd(gf.data_ptr<float>(), xf.data_ptr<float>(), fptr(bf), need_dx ? dx.data_ptr<float>() : nullptr,
+                        dbp, rows, n, tanh_approx);
+  return {dx.to(x.scalar_type()), sum ? db.to(x.scalar_type()) : db};
 }
 
 // grad (rows, n), x (rows, 2n) -> dx (rows, 2n): [d input | d gate].
@@ -720,9 +722,10 @@ std::tuple<Tensor, Tensor> rope_bwd_cuda(const Tensor& grad_q, const Tensor& gra
   return rope_cuda_impl(grad_q, grad_k, cos, sin, positions, true);
 }
 
-// gelu backward: (dx, dbias); dbias = dx summed over rows in fp32 (empty without bias).
+// gelu backward: (dx, dbias); dbias = dx summed over rows in fp32 (empty without bias, or when !need_dbias); dx
+// empty when !need_dx (the kernel still writes it as the sum's input when dbias is needed).
 std::tuple<Tensor, Tensor> gelu_bwd_cuda(const Tensor& grad, const Tensor& x, const OptTensor& bias,
-                                         const std::string& approximate) {
+                                         const std::string& approximate, bool need_dx, bool need_dbias) {
   check_on(x, x, "gelu", "x");
   check_on(grad, x, "gelu", "grad");
   const int dt = cuda_dtype(x, "gelu", "x");
@@ -734,6 +737,7 @@ std::tuple<Tensor, Tensor> gelu_bwd_cuda(const Tensor& grad, const Tensor& x, co
     check_on(*bias, x, "gelu", "bias");
     TORCH_CHECK(bias->numel() == x.size(1), "gelu (cuda): bias must have ", x.size(1), " elements, got ", bias->numel());
   }
+  if (!need_dx && !(need_dbias && bias.has_value())) return {at::empty({0}, x.options()), at::empty({0}, x.options())};
   const c10::cuda::CUDAGuard guard(x.device());
   const Tensor xc = x.contiguous(), gc = grad.contiguous();
   const OptTensor bc = bias.has_value() ? OptTensor(bias->to(x.scalar_type()).contiguous()) : std::nullopt;
@@ -741,8 +745,9 @@ std::tuple<Tensor, Tensor> gelu_bwd_cuda(const Tensor& grad, const Tensor& x, co
   check_launch(fastenc_cuda::gelu_bwd(gc.data_ptr(), xc.data_ptr(), ptr_or_null(bc), dx.data_ptr(), x.size(0),
                                       x.size(1), tanh_approx, dt, c10::cuda::getCurrentCUDAStream()),
                "gelu backward");
-  Tensor db = bias.has_value() ? dx.sum(0, false, at::kFloat).to(x.scalar_type()) : at::empty({0}, x.options());
-  return {dx, db};
+  Tensor db = bias.has_value() && need_dbias ? dx.sum(0, false, at::kFloat).to(x.scalar_type())
+                                            : at::empty({0}, x.options());
+  return {need_dx ? dx : at::empty({0}, x.options()), db};
 }
 
 Tensor geglu_bwd_cuda(const Tensor& grad, const Tensor& x, const std::string& approximate) {

@@ -61,9 +61,12 @@ def _gelu_grad_f32(x, APPROX_TANH: tl.constexpr):
 
 
 @triton.jit
-def _gelu_bwd_kernel(G, X, B, DX, M, N, stride_g, stride_x, stride_dx, HAS_BIAS: tl.constexpr,
-                     APPROX_TANH: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _gelu_bwd_kernel(G, X, B, DX, P, M, N, stride_g, stride_x, stride_dx, HAS_BIAS: tl.constexpr,
+                     APPROX_TANH: tl.constexpr, STORE_DX: tl.constexpr, SUM_DBIAS: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
     # dx[r, c] = g[r, c] * gelu'(x[r, c] + b[c]) over a (ROWS, BLOCK_N) tile, recomputed from x (fp32 math).
+    # STORE_DX: write dx. SUM_DBIAS: P[tile row, c] = sum over the tile's rows of dx[r, c] (fp32), the partial
+    # sums of dbias = sum_r dx[r, :], so dbias needs no dx in memory when x needs no gradient.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     mask = (rows < M) & (cols < N)
@@ -73,7 +76,12 @@ def _gelu_bwd_kernel(G, X, B, DX, M, N, stride_g, stride_x, stride_dx, HAS_BIAS:
     if HAS_BIAS:
         x += tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
     dx = g * _gelu_grad_f32(x, APPROX_TANH)
-    tl.store(DX + rows64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    if STORE_DX:
+        tl.store(DX + rows64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    if SUM_DBIAS:
+        part = tl.sum(tl.where(mask, dx, 0.0), axis=0)
+        pcols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(P + tl.program_id(0).to(tl.int64) * N + pcols, part, mask=pcols < N)
 
 
 def tile_config(n: int) -> dict[str, int]:
@@ -109,25 +117,36 @@ def gelu_out(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, out: 
     gelu_fwd(x, bias, approximate, out=out)
 
 
-def gelu_bwd(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str):
+def gelu_bwd(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str,
+             need_dx: bool = True, need_dbias: bool = True):
     """grad, x: (rows, n) fp32/fp16/bf16 (unit column stride); bias: (n,) or None.
 
-    Returns (dx (rows, n) in x's dtype, dbias (n,) in x's dtype or an empty tensor without bias); dbias is dx
-    summed over rows in fp32."""
+    Returns (dx (rows, n) in x's dtype, dbias (n,) in x's dtype); dbias is dx summed over rows in fp32. An output
+    not needed (need_dx / need_dbias false, or no bias) is an empty tensor and costs nothing: with dx needed, dbias
+    sums the written dx; without, the kernel writes only per-tile fp32 column sums of dx."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     bias = None if bias is None else bias.contiguous()
+    sum_dbias = bias is not None and need_dbias
     m, n = x.shape
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m and n:
-        cfg = tile_config(n)
-        grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device) if need_dx else x.new_empty(0)
+    fused = sum_dbias and not need_dx
+    cfg = tile_config(n)
+    tiles = triton.cdiv(m, cfg["ROWS"])
+    part = torch.empty((tiles, n), dtype=torch.float32, device=x.device) if fused else None
+    if m and n and (need_dx or fused):
+        grid = (tiles, triton.cdiv(n, cfg["BLOCK_N"]))
         with on_device(x):
-            _gelu_bwd_kernel[grid](grad, x, bias if bias is not None else x, dx, m, n, grad.stride(0), x.stride(0),
-                                   dx.stride(0), HAS_BIAS=bias is not None, APPROX_TANH=approximate == "tanh",
+            _gelu_bwd_kernel[grid](grad, x, bias if bias is not None else x, dx if need_dx else x,
+                                   part if fused else x, m, n, grad.stride(0), x.stride(0),
+                                   dx.stride(0) if need_dx else 0, HAS_BIAS=bias is not None,
+                                   APPROX_TANH=approximate == "tanh", STORE_DX=need_dx, SUM_DBIAS=fused,
                                    ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
-    dbias = dx.sum(0, dtype=torch.float32).to(x.dtype) if bias is not None else x.new_empty(0)
-    return dx, dbias
+    if not sum_dbias:
+        return dx, x.new_empty(0)
+    if fused:
+        return dx, part.sum(0).to(x.dtype)
+    return dx, dx.sum(0, dtype=torch.float32).to(x.dtype)
 
 
 def compile_specs() -> list[dict]:
@@ -146,17 +165,20 @@ def compile_specs() -> list[dict]:
             "divisible_by_16": ["N", "stride_x", "stride_y"] if n % 16 == 0 else [],
             "num_warps": cfg["num_warps"], "num_stages": 1,
         })
-    for name, dt, n, bias, tanh in (("gelu_bwd_bf16_3072_bias_erf", "bf16", 3072, True, False),
-                                    ("gelu_bwd_fp16_1152_tanh", "fp16", 1152, False, True),
-                                    ("gelu_bwd_fp32_1000_bias_tanh", "fp32", 1000, True, True)):
+    for name, dt, n, bias, tanh, store in (("gelu_bwd_bf16_3072_bias_erf", "bf16", 3072, True, False, True),
+                                           ("gelu_bwd_fp16_1152_tanh", "fp16", 1152, False, True, True),
+                                           ("gelu_bwd_fp32_1000_bias_tanh", "fp32", 1000, True, True, True),
+                                           ("gelu_bwd_bf16_3072_dbias_only", "bf16", 3072, True, False, False)):
         cfg = tile_config(n)
         p = "*" + dt
         specs.append({
             "name": name, "fn": _gelu_bwd_kernel,
-            "signature": {"G": p, "X": p, "B": p, "DX": p, "M": "i32", "N": "i32", "stride_g": "i32",
+            "signature": {"G": p, "X": p, "B": p, "DX": p, "P": "*fp32", "M": "i32", "N": "i32", "stride_g": "i32",
                           "stride_x": "i32", "stride_dx": "i32", "HAS_BIAS": "constexpr", "APPROX_TANH": "constexpr",
-                          "ROWS": "constexpr", "BLOCK_N": "constexpr"},
-            "constexprs": {"HAS_BIAS": bias, "APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
+                          "STORE_DX": "constexpr", "SUM_DBIAS": "constexpr", "ROWS": "constexpr",
+                          "BLOCK_N": "constexpr"},
+            "constexprs": {"HAS_BIAS": bias, "APPROX_TANH": tanh, "STORE_DX": store, "SUM_DBIAS": not store and bias,
+                           "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
             "divisible_by_16": ["N", "stride_g", "stride_x", "stride_dx"] if n % 16 == 0 else [],
             "num_warps": cfg["num_warps"], "num_stages": 1,
         })

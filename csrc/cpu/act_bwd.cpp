@@ -3,7 +3,8 @@
 //   exact: gelu'(t) = Phi(t) + t phi(t),  Phi(t) = (1 + erf(t / sqrt 2)) / 2,  phi(t) = exp(-t^2 / 2) / sqrt(2 pi)
 //   tanh:  s = 1 / (1 + exp(-2u)) = (1 + tanh u) / 2,  u = sqrt(2/pi) (t + 0.044715 t^3),  1 - tanh^2 u = 4 s (1 - s)
 //          gelu'(t) = s + 2 t s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 t^2)
-// gelu: dx = grad * gelu'(x + b), dbias = sum over rows of dx (fused: per-thread fp32 column sums).
+// gelu: dx = grad * gelu'(x + b), dbias = sum over rows of dx (fused: per-thread fp32 column sums); dx == nullptr:
+// dx not written, dbias == nullptr: not summed (the gradients autograd does not need).
 // geglu (out = gelu(a) * g, x = [a | g]): da = grad * g * gelu'(a), dg = grad * gelu(a).
 // Limits as torch's gelu_backward: |t| > 13 gives gelu' = 1 (t > 0) or 0, and NaN at +-inf or NaN.
 #include <omp.h>
@@ -48,37 +49,49 @@ FASTENC_INLINE void gelu_and_grad(float t, float& y, float& d) {
   d = tail ? (t > 0.f ? 1.0f : 0.0f) + (t - t) : d;
 }
 
-template <class S, bool TANH, bool BIAS>
+// STORE: write dx (skipped when x needs no gradient); SUM: dbias = column sums of dx (skipped when bias needs none).
+template <class S, bool TANH, bool BIAS, bool STORE, bool SUM>
 void gelu_bwd_rows(const typename S::T* __restrict g, const typename S::T* __restrict x,
                    const typename S::T* __restrict bias, typename S::T* __restrict dx, float* __restrict dbias,
                    int64_t rows, int64_t n) {
   const int nt = omp_get_max_threads();
-  std::vector<float> part(BIAS ? (size_t)nt * n : 0, 0.0f);
+  std::vector<float> part(SUM ? (size_t)nt * n : 0, 0.0f);
 #pragma omp parallel num_threads(nt)
   {
-    float* acc = BIAS ? part.data() + (size_t)omp_get_thread_num() * n : nullptr;
+    float* acc = SUM ? part.data() + (size_t)omp_get_thread_num() * n : nullptr;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const typename S::T* gr = g + r * n;
       const typename S::T* xr = x + r * n;
-      typename S::T* dr = dx + r * n;
+      typename S::T* dr = STORE ? dx + r * n : nullptr;
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) {
         float y, d;
         gelu_and_grad<TANH>(BIAS ? S::load(xr[i]) + S::load(bias[i]) : S::load(xr[i]), y, d);
         const float v = S::load(gr[i]) * d;
-        dr[i] = S::store(v);
-        if (BIAS) acc[i] += v;
+        if (STORE) dr[i] = S::store(v);
+        if (SUM) acc[i] += v;
       }
     }
   }
-  if (BIAS) {
+  if (SUM) {
     for (int64_t i = 0; i < n; ++i) dbias[i] = 0.0f;
     for (int t = 0; t < nt; ++t) {
       const float* a = part.data() + (size_t)t * n;
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) dbias[i] += a[i];
     }
+  }
+}
+
+template <class S, bool TANH, bool BIAS>
+void gelu_bwd_outputs(const typename S::T* g, const typename S::T* x, const typename S::T* bias, typename S::T* dx,
+                      float* dbias, int64_t rows, int64_t n) {
+  if (dx != nullptr) {
+    dbias != nullptr ? gelu_bwd_rows<S, TANH, BIAS, true, true>(g, x, bias, dx, dbias, rows, n)
+                     : gelu_bwd_rows<S, TANH, BIAS, true, false>(g, x, bias, dx, dbias, rows, n);
+  } else if (dbias != nullptr) {
+    gelu_bwd_rows<S, TANH, BIAS, false, true>(g, x, bias, dx, dbias, rows, n);
   }
 }
 
@@ -107,11 +120,11 @@ template <class S>
 void gelu_bwd_dispatch(const typename S::T* g, const typename S::T* x, const typename S::T* bias, typename S::T* dx,
                        float* dbias, int64_t rows, int64_t n, bool tanh_approx) {
   if (tanh_approx) {
-    bias != nullptr ? gelu_bwd_rows<S, true, true>(g, x, bias, dx, dbias, rows, n)
-                    : gelu_bwd_rows<S, true, false>(g, x, bias, dx, dbias, rows, n);
+    bias != nullptr ? gelu_bwd_outputs<S, true, true>(g, x, bias, dx, dbias, rows, n)
+                    : gelu_bwd_outputs<S, true, false>(g, x, bias, dx, dbias, rows, n);
   } else {
-    bias != nullptr ? gelu_bwd_rows<S, false, true>(g, x, bias, dx, dbias, rows, n)
-                    : gelu_bwd_rows<S, false, false>(g, x, bias, dx, dbias, rows, n);
+    bias != nullptr ? gelu_bwd_outputs<S, false, true>(g, x, bias, dx, dbias, rows, n)
+                    : gelu_bwd_outputs<S, false, false>(g, x, bias, dx, dbias, rows, n);
   }
 }
 

@@ -29,6 +29,7 @@ int64_t rope_fwd(const float* q, const float* k, float* qo, float* ko, const flo
 
 // Backward of gelu_fwd: dx = grad * gelu'(x + bias); dbias (n, fp32, may be null when bias is) = sum of dx over
 // rows. Backward of geglu_fwd: x rows x 2n, grad rows x n -> dx rows x 2n (input half, gate half).
+// dx or dbias nullptr: that gradient is neither written nor computed (dbias needs a bias).
 void gelu_bwd(const float* grad, const float* x, const float* bias, float* dx, float* dbias, int64_t rows, int64_t n,
               bool tanh_approx);
 void gelu_bwd_bf16(const uint16_t* grad, const uint16_t* x, const uint16_t* bias, uint16_t* dx, float* dbias,

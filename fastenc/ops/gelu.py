@@ -65,27 +65,31 @@ _backends.cpu(OP_OUT, "gelu_out")
 _backends.cuda(OP_OUT, "gelu_cuda", wrap=_copy_into)
 
 
-# ---- backward: dx = grad * gelu'(x + bias), dbias = sum over rows of dx; recomputed from x (nothing saved but x)
+# ---- backward: dx = grad * gelu'(x + bias), dbias = sum over rows of dx; recomputed from x (nothing saved but x).
+# Every backend gets which gradients autograd needs: an unneeded one comes back empty, and is not summed (dbias)
+# or not written (dx, where the kernel can form dbias without it).
 
-def _reference_bwd(grad, x, bias, approximate):
-    """grad, x: (rows, N) contiguous; bias: (N,) or None -> (dx (rows, N), dbias (N,) or empty) in x's dtype;
-    dbias sums the fp32 dx (before rounding), as the kernels do."""
+def _reference_bwd(grad, x, bias, approximate, need_dx, need_dbias):
+    """grad, x: (rows, N) contiguous; bias: (N,) or None -> (dx (rows, N) or empty, dbias (N,) or empty) in x's
+    dtype; dbias sums the fp32 dx (before rounding), as the kernels do."""
     d32 = gelu_bwd_ref(grad.float(), x.float(), None if bias is None else bias.float(), approximate)
-    return d32.to(x.dtype), (x.new_empty(0) if bias is None else d32.sum(0).to(x.dtype))
+    dx = d32.to(x.dtype) if need_dx else x.new_empty(0)
+    return dx, (d32.sum(0).to(x.dtype) if bias is not None and need_dbias else x.new_empty(0))
 
 
 @custom_op("fastenc::gelu_bwd", mutates_args=())
 def _gelu_bwd_op(grad: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], approximate: str,
-                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                 need_dx: bool, need_dbias: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
         raise ValueError(f"{OP}: grad must match x ({tuple(x.shape)}, {x.dtype}, {x.device}), got "
                          f"({tuple(grad.shape)}, {grad.dtype}, {grad.device})")
-    return registry.impl(OP_BWD, backend).fn(grad, x, bias, approximate)
+    return registry.impl(OP_BWD, backend).fn(grad, x, bias, approximate, need_dx, need_dbias)
 
 
 @_gelu_bwd_op.register_fake
-def _(grad, x, bias, approximate, backend):
-    return torch.empty_like(x), (x.new_empty(x.shape[-1]) if bias is not None else x.new_empty(0))
+def _(grad, x, bias, approximate, need_dx, need_dbias, backend):
+    return (torch.empty_like(x) if need_dx else x.new_empty(0),
+            x.new_empty(x.shape[-1]) if bias is not None and need_dbias else x.new_empty(0))
 
 
 _backends.reference(OP_BWD, _reference_bwd)
@@ -103,11 +107,12 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad):
     x, bias = ctx.saved_tensors
     need_x, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_bias = need_bias and bias is not None
     if not (need_x or need_bias):
         return None, None, None, None
     grad = grad.contiguous()
     impl = registry.select_backward(OP_BWD, {"grad": grad, "x": x, "bias": bias}, ctx.backend)
-    dx, dbias = _gelu_bwd_op(grad, x, bias, ctx.approximate, impl.backend)  # dbias: empty without bias
+    dx, dbias = _gelu_bwd_op(grad, x, bias, ctx.approximate, need_x, need_bias, impl.backend)
     return (dx if need_x else None), (dbias if need_bias else None), None, None
 
 

@@ -85,6 +85,53 @@ def test_gelu_backward_only_some_inputs(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gelu_backward_computes_only_the_gradients_needed(backend, dtype):
+    """The backward kernel is told which gradients autograd needs: the others come back empty (not written, not
+    summed), and the needed one still matches the reference (dbias alone: from per-tile sums where the kernel can)."""
+    dev = testing.device_for(backend)
+    x, b = testing.randn(37, 1000, dtype=dtype, device=dev, scale=3.0), testing.randn(1000, dtype=dtype, device=dev)
+    g = testing.randn(37, 1000, dtype=dtype, device=dev)
+    ref32 = gelu_bwd_ref(g.float(), x.float(), b.float())
+    lowp = gelu_bwd_ref(g, x, b, upcast=False) if dtype != torch.float32 else None
+    extra = testing.interpreter_extra(backend, dtype, ref32)
+    for need_dx, need_db in ((True, False), (False, True), (True, True)):
+        dx, db = torch.ops.fastenc.gelu_bwd(g, x, b, "none", need_dx, need_db, backend)
+        if need_dx:
+            testing.assert_close(dx, ref32, lowp, extra=extra, name="dx")
+        else:
+            assert dx.numel() == 0
+        if need_db:
+            testing.assert_close(db, ref32.sum(0), None if lowp is None else lowp.float().sum(0),
+                                 extra=testing.interpreter_extra(backend, dtype, ref32.sum(0)), name="dbias")
+        else:
+            assert db.numel() == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gelu_autograd_asks_only_for_the_gradients_needed(backend, monkeypatch):
+    """Autograd passes needs_input_grad down: the backend's backward is asked for dx or dbias alone."""
+    import dataclasses
+
+    from fastenc import registry
+
+    asked = []
+    impl = registry.impl(OP, backend)
+
+    def recording(grad, x, bias, approximate, need_dx, need_dbias):
+        asked.append((need_dx, need_dbias))
+        return impl.fn(grad, x, bias, approximate, need_dx, need_dbias)
+
+    monkeypatch.setitem(registry._REGISTRY[OP], backend, dataclasses.replace(impl, fn=recording))
+    dev = testing.device_for(backend)
+    x, b = testing.randn(5, 384, device=dev), testing.randn(384, device=dev)
+    fastenc.ops.gelu(x.clone().requires_grad_(True), b, backend=backend).sum().backward()
+    fastenc.ops.gelu(x, b.clone().requires_grad_(True), backend=backend).sum().backward()
+    fastenc.ops.gelu(x.clone().requires_grad_(True), backend=backend).sum().backward()
+    assert asked == [(True, False), (False, True), (True, False)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_backward_specials(backend, approximate):
     """+-inf and NaN give NaN gradients, far tails the step (1 or 0), as torch's gelu_backward."""
@@ -142,7 +189,7 @@ def test_gelu_opcheck_autograd(backend):
         torch.library.opcheck(torch.ops.fastenc.gelu.default, (x, b, "none", backend))
         g = testing.randn(5, 384)
         torch.library.opcheck(torch.ops.fastenc.gelu_bwd.default, (g, x.detach(), None if b is None else b.detach(),
-                                                                   "tanh", backend))
+                                                                   "tanh", True, bias, backend))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -151,9 +198,10 @@ def test_gelu_backward_bad_gradient(backend):
     dev = testing.device_for(backend)
     x = testing.randn(5, 384, device=dev)
     with pytest.raises(ValueError, match=r"gelu: grad must match x \(\(5, 384\)"):
-        torch.ops.fastenc.gelu_bwd(testing.randn(5, 383, device=dev), x, None, "none", backend)
+        torch.ops.fastenc.gelu_bwd(testing.randn(5, 383, device=dev), x, None, "none", True, False, backend)
     with pytest.raises(ValueError, match="grad must match x.*torch.float16"):
-        torch.ops.fastenc.gelu_bwd(testing.randn(5, 384, dtype=torch.float16, device=dev), x, None, "none", backend)
+        torch.ops.fastenc.gelu_bwd(testing.randn(5, 384, dtype=torch.float16, device=dev), x, None, "none", True,
+                                   False, backend)
     y = fastenc.ops.gelu(x.clone().requires_grad_(True), backend=backend)
     with pytest.raises(RuntimeError, match="shape"):
         y.backward(testing.randn(5, 383, device=dev))
