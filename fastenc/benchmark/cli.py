@@ -36,6 +36,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
+    p.add_argument("--backward", action="store_true",
+                   help="kernels: forward + backward of every op vs torch eager autograd, torch.compile and SDPA "
+                        "(writes backward.json)")
     p.set_defaults(func=run)
     return p
 
@@ -84,6 +87,10 @@ def _run_suite(args, suite, device, dtype, out):
         return bench_embed(out, n=args.passages, rounds=1 if args.quick else 2,
                            memory_sizes=() if args.quick else (10000, 40000), ray_actors=() if args.quick else (1, 2),
                            providers=_split(args.providers), note=args.note)
+    if args.what == "kernels" and args.backward:
+        from fastenc.benchmark.backward import bench_backward
+        return bench_backward(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
+                              compile_ref=not args.no_compile, note=args.note)
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),
