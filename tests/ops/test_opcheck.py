@@ -44,9 +44,10 @@ def _samples() -> dict[str, list[dict]]:
         "gelu_out": [dict(x=r(5, 384), bias=r(384), approximate="none", out=r(5, 384))],
         "geglu_out": [dict(x=r(5, 768), approximate="tanh", out=r(5, 384))],
         "gelu_bwd": [
-            dict(grad=r(5, 384), x=r(5, 384), bias=r(384), approximate="none"),
+            dict(grad=r(5, 384), x=r(5, 384), bias=r(384), approximate="none", need_dx=True, need_dbias=True),
             dict(grad=r(3, 1000, dtype=torch.bfloat16), x=r(3, 1000, dtype=torch.bfloat16), bias=None,
-                 approximate="tanh"),
+                 approximate="tanh", need_dx=True, need_dbias=False),
+            dict(grad=r(5, 384), x=r(5, 384), bias=r(384), approximate="tanh", need_dx=False, need_dbias=True),
         ],
         "geglu_bwd": [dict(grad=r(5, 384), x=r(5, 768), approximate="none"),
                       dict(grad=r(3, 1000, dtype=torch.float16), x=r(3, 2000, dtype=torch.float16), approximate="tanh")],
