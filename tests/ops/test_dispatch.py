@@ -162,3 +162,42 @@ def test_reference_choice_never_calls_the_extension(monkeypatch, how):
         o = attn(x, cu, max(lengths))
     assert_close(y, torch.nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double()))
     assert_close(o, _packed_attention_expected(attn, x, lengths))
+
+
+def test_decision_is_remembered_per_input_facts(monkeypatch):
+    """A repeated call with the same facts (dtype, device, shape, choice in force) asks no implementation again; a
+    new shape, a use_backend choice, FASTENC_BACKEND or a swapped implementation is decided afresh."""
+    import dataclasses
+
+    monkeypatch.delenv("FASTENC_BACKEND", raising=False)
+    name, calls = "_toy_remembered", []
+
+    def check(inputs):
+        calls.append(tuple(inputs["x"].shape))
+        return [] if inputs["x"].shape[-1] % 2 == 0 else ["odd width"]
+
+    registry.register(Impl(op=name, backend="reference", fn=lambda: 0, devices=("cpu",)))
+    registry.register(Impl(op=name, backend="cpu", fn=lambda: 1, devices=("cpu",), priority=20, check=check))
+    try:
+        assert [pick(name, torch.ones(3, 4)) for _ in range(3)] == ["cpu"] * 3
+        assert calls == [(3, 4)]
+        assert pick(name, torch.ones(3, 5)) == "reference" and calls == [(3, 4), (3, 5)]
+        with fastenc.use_backend("reference"):
+            assert pick(name, torch.ones(3, 4)) == "reference"
+        monkeypatch.setenv("FASTENC_BACKEND", "reference")
+        assert pick(name, torch.ones(3, 4)) == "reference"
+        monkeypatch.delenv("FASTENC_BACKEND")
+        assert pick(name, torch.ones(3, 4)) == "cpu" and calls == [(3, 4), (3, 5)]
+        impl = registry.impl(name, "cpu")
+        monkeypatch.setitem(registry._REGISTRY[name], "cpu", dataclasses.replace(impl, available=lambda: "gone"))
+        with pytest.warns(RuntimeWarning, match="falls back to reference: cpu: gone"):
+            assert pick(name, torch.ones(3, 4)) == "reference"
+        monkeypatch.setattr(registry, "_WARNED", set())
+        with pytest.warns(RuntimeWarning, match="falls back"):  # remembered, and still warned once per fresh set
+            assert pick(name, torch.ones(3, 4)) == "reference"
+        with pytest.raises(ValueError, match="backend argument \\['cpu'\\] cannot serve.*gone"):
+            pick(name, torch.ones(3, 4), backend="cpu")  # errors are never remembered: raised every call
+        with pytest.raises(ValueError, match="gone"):
+            pick(name, torch.ones(3, 4), backend="cpu")
+    finally:
+        registry._REGISTRY.pop(name)
