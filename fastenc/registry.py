@@ -22,7 +22,9 @@ flag and the fallback warning. Those are read once, when the graph is traced, an
 graph keeps the backends chosen when it was traced; after changing use_backend or FASTENC_BACKEND around compiled
 code, call torch.compiler.reset() (or compile afresh). The backend argument is a constant of the traced code and
 is guarded like any other. So the public ops trace with no graph break and the backend name reaches the custom op
-as a constant, while eager dispatch keeps its exact semantics.
+as a constant, while eager dispatch keeps its exact semantics. (Chosen over moving the choice into the custom ops'
+bodies: the public functions also pick the backward before the forward runs, so that an unservable backward fails
+before any kernel, and every op, attention included, dispatches through this one function.)
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _REGISTRY: dict[str, dict[str, "Impl"]] = {}
 _CONTEXT: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("fastenc_backend", default=None)
 _WARNED: set[tuple] = set()
-_DECISIONS: dict[tuple, tuple["Impl", tuple | None]] = {}  # see "Cost of a dispatch" above
+# op -> (its implementations when filled, {key: (implementation, fallback warning or None)}); see "Cost of a dispatch"
+_DECISIONS: dict[str, tuple[tuple, dict[tuple, tuple]]] = {}
 _DECISIONS_MAX = 4096  # forgotten all at once when full (varying token counts make new keys)
 
 
@@ -62,6 +65,7 @@ def _compiling() -> bool:
 
 
 _ENVIRON_DATA = getattr(os.environ, "_data", None)  # os.environ's own store: a lookup without a KeyError
+_ENVIRON_KEYS: dict[str, Any] = {}
 
 
 def _env(name: str) -> str:
@@ -69,7 +73,10 @@ def _env(name: str) -> str:
     (~10x cheaper); the same store os.environ writes, so a change at run time is seen at once."""
     if _ENVIRON_DATA is None:
         return os.environ.get(name, "")
-    raw = _ENVIRON_DATA.get(os.environ.encodekey(name))
+    key = _ENVIRON_KEYS.get(name)
+    if key is None:
+        key = _ENVIRON_KEYS[name] = os.environ.encodekey(name)
+    raw = _ENVIRON_DATA.get(key)
     return "" if raw is None else os.environ.decodevalue(raw)
 
 
