@@ -134,4 +134,10 @@ def test_compiled_graph_uses_the_choice_in_force_when_traced():
         with torch.inference_mode():
             assert_close(graph(x), real(x, None, "none"))
     assert any("'reference'" in code for code in seen), seen
+    seen.clear()
+    explicit = torch.compile(lambda t: ops.gelu(t, backend="reference"), fullgraph=True,
+                             backend=lambda gm, _: (seen.append(gm.code), gm)[1])
+    with torch.inference_mode():
+        assert_close(explicit(x), real(x, None, "none"))
+    assert any("'reference'" in code for code in seen), seen
     _assert_no_graph_break()
