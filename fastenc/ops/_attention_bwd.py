@@ -75,8 +75,6 @@ def _head_dim(inputs) -> int:
 
 
 def _triton_check(inputs) -> list[str]:
-    if inputs.get("dropout_p", 0.0) > 0:
-        return ["dropout_p > 0 not supported yet"]
     d = _head_dim(inputs)
     if d % 8 or not 8 <= d <= 256:
         return [f"head_dim must be a multiple of 8 in [8, 256], got {d}"]
