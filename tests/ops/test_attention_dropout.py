@@ -115,6 +115,27 @@ def test_keep_mask_read_back_equals_reference_and_kept_fraction(backend):
     assert abs(kept - n_all * (1 - P)) < 5 * sd, f"kept {kept} of {n_all}, expected {n_all * (1 - P):.0f} +- {sd:.0f}"
 
 
+@pytest.mark.parametrize("shift", ["row", "column", "head", "seed", "offset"])
+def test_keep_masks_of_neighbours_are_independent(shift):
+    """Masks of adjacent rows, columns, heads, and of the next seed / offset agree where independent draws would:
+    on a fraction p^2 + (1-p)^2 of elements, within 5 binomial standard deviations (a weak hash, e.g. one without
+    the row key's mixing, correlates neighbours far beyond that)."""
+    pos = torch.arange(257, dtype=torch.int64)
+    a = keep_mask(41, 7, P, 5, pos, pos)
+    if shift == "row":
+        a, b = a[:, :-1], a[:, 1:]
+    elif shift == "column":
+        a, b = a[:, :, :-1], a[:, :, 1:]
+    elif shift == "head":
+        a, b = a[:-1], a[1:]
+    else:
+        b = keep_mask(42, 7, P, 5, pos, pos) if shift == "seed" else keep_mask(41, 8, P, 5, pos, pos)
+    n, want = a.numel(), P * P + (1 - P) * (1 - P)
+    agree = int((a == b).sum())
+    sd = math.sqrt(n * want * (1 - want))
+    assert abs(agree - n * want) < 5 * sd, f"{shift}: {agree} of {n} agree, expected {n * want:.0f} +- {sd:.0f}"
+
+
 @pytest.mark.parametrize("backend", FP32)
 def test_same_generator_state_is_bit_identical_other_seed_differs(backend):
     device = testing.device_for(backend)
