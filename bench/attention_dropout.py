@@ -3,7 +3,7 @@ that dropout_p = 0 costs what it did before dropout existed.
 
 Measured in one process, the variants interleaved (one call of each per round, the order rotated every round) so
 all see the same machine state; each figure is the median over rounds of the per-round ratio, with its 25-75 %
-spread:
+spread (and again with one thread on the calling thread's CPU clock, which other processes' load disturbs less):
   p0.1 / p0   fastenc.ops.attention(..., dropout_p=0.1 or 0, backend="cpu") then .backward(grad): the user's path,
               the seed draw included
   after / before   dropout_p = 0, the extension's attention + attention_bwd called directly: this tree's build
@@ -62,18 +62,28 @@ def _quantiles(xs: list[float]) -> dict:
     return {"median": q[1], "p25": q[0], "p75": q[2], "n": len(xs)}
 
 
-def _interleaved(fns: dict, rounds: int) -> dict[str, list[float]]:
+def _interleaved(fns: dict, rounds: int, clock=time.perf_counter) -> dict[str, list[float]]:
     """Seconds per call of each fn, one call of each per round, order rotated every round (two warm-up rounds)."""
     names = list(fns)
     times = {n: [] for n in names}
     for r in range(rounds + 2):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            t0 = time.perf_counter()
+            t0 = clock()
             fns[n]()
             if r >= 2:
-                times[n].append(time.perf_counter() - t0)
+                times[n].append(clock() - t0)
     return times
+
+
+def _one_thread_cpu_time(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """As _interleaved, with one thread, on the calling thread's CPU clock (robust to other processes' load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _interleaved(fns, rounds, time.thread_time)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def main(argv=None) -> int:
@@ -109,9 +119,13 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     t = _interleaved({"p0": train_step(0.0), "p0.1": train_step(P), "after": direct(ext), "before": direct(base)},
                      rounds)
+    t1 = _one_thread_cpu_time({"p0": train_step(0.0), "p0.1": train_step(P), "after": direct(ext),
+                               "before": direct(base)}, max(5, rounds // 3))
     load1 = os.getloadavg()[0]
     drop = _quantiles([x / y for x, y in zip(t["p0.1"], t["p0"])])
     same = _quantiles([x / y for x, y in zip(t["after"], t["before"])])
+    drop1 = _quantiles([x / y for x, y in zip(t1["p0.1"], t1["p0"])])
+    same1 = _quantiles([x / y for x, y in zip(t1["after"], t1["before"])])
     med = {n: _quantiles(v)["median"] for n, v in t.items()}
     elements = 2 * HEADS * sum(s * s for s in lens)  # hashed once in the forward, once in the backward
     per_elem_ns = (med["p0.1"] - med["p0"]) / elements * 1e9
@@ -121,12 +135,15 @@ def main(argv=None) -> int:
           f"{med['p0.1'] * 1e3:.1f} / {med['p0'] * 1e3:.1f} ms; {per_elem_ns:.2f} ns per hashed element")
     print(f"p=0 after / before ({a.baseline}):  {same['median']:.3f}x  (25-75 %: {same['p25']:.3f} - "
           f"{same['p75']:.3f}); medians {med['after'] * 1e3:.1f} / {med['before'] * 1e3:.1f} ms")
+    print(f"one thread, CPU time:  dropout {drop1['median']:.3f}x ({drop1['p25']:.3f} - {drop1['p75']:.3f}),  "
+          f"p=0 after / before {same1['median']:.3f}x ({same1['p25']:.3f} - {same1['p75']:.3f})")
     out = Path(a.out)
     stem = f"attention-dropout-cpu-fp32-t{a.threads}"
     report.write_json(out / f"{stem}.json", {
         **report.metadata("cpu", torch.float32, a.quick), "load_average_1min": [load0, load1], "lengths": lens,
         "heads": HEADS, "head_dim": HEAD_DIM, "dropout_p": P, "baseline": a.baseline,
         "ratio_dropout_vs_p0": drop, "ratio_p0_after_vs_before": same, "median_seconds": med,
+        "one_thread_cpu_time": {"ratio_dropout_vs_p0": drop1, "ratio_p0_after_vs_before": same1, "seconds": t1},
         "dropout_ns_per_hashed_element": per_elem_ns, "seconds": t})
     print(f"wrote {out / stem}.json")
     return 0
