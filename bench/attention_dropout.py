@@ -47,7 +47,7 @@ def _baseline_ext(rev: str):
     if not src.exists():
         blob = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "csrc"], check=True, capture_output=True).stdout
         with tarfile.open(fileobj=BytesIO(blob)) as tar:
-            tar.extractall(d)
+            tar.extractall(d, filter="data")
     build = d / "build"
     build.mkdir(exist_ok=True)
     print(f"building the baseline extension ({rev}) in {build} ...", file=sys.stderr, flush=True)
@@ -119,13 +119,22 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     t = _interleaved({"p0": train_step(0.0), "p0.1": train_step(P), "after": direct(ext), "before": direct(base)},
                      rounds)
+    out0, lse = ext.attention(q, k, v, cu, longest, -1, -1, scale)
+    out1, _ = ext.attention(q, k, v, cu, longest, -1, -1, scale, P, 1, 2)
+    kernels = {  # the kernels alone (no autograd, no seed draw): forward, backward, without and with dropout
+        "fwd p0": lambda: ext.attention(q, k, v, cu, longest, -1, -1, scale),
+        "fwd p0.1": lambda: ext.attention(q, k, v, cu, longest, -1, -1, scale, P, 1, 2),
+        "bwd p0": lambda: ext.attention_bwd(g, q, k, v, out0, lse, cu, longest, -1, -1, scale),
+        "bwd p0.1": lambda: ext.attention_bwd(g, q, k, v, out1, lse, cu, longest, -1, -1, scale, P, 1, 2)}
     t1 = _one_thread_cpu_time({"p0": train_step(0.0), "p0.1": train_step(P), "after": direct(ext),
-                               "before": direct(base)}, max(5, rounds // 3))
+                               "before": direct(base), **kernels}, max(5, rounds // 3))
     load1 = os.getloadavg()[0]
     drop = _quantiles([x / y for x, y in zip(t["p0.1"], t["p0"])])
     same = _quantiles([x / y for x, y in zip(t["after"], t["before"])])
     drop1 = _quantiles([x / y for x, y in zip(t1["p0.1"], t1["p0"])])
     same1 = _quantiles([x / y for x, y in zip(t1["after"], t1["before"])])
+    fwd1 = _quantiles([x / y for x, y in zip(t1["fwd p0.1"], t1["fwd p0"])])
+    bwd1 = _quantiles([x / y for x, y in zip(t1["bwd p0.1"], t1["bwd p0"])])
     med = {n: _quantiles(v)["median"] for n, v in t.items()}
     elements = 2 * HEADS * sum(s * s for s in lens)  # hashed once in the forward, once in the backward
     per_elem_ns = (med["p0.1"] - med["p0"]) / elements * 1e9
@@ -136,14 +145,18 @@ def main(argv=None) -> int:
     print(f"p=0 after / before ({a.baseline}):  {same['median']:.3f}x  (25-75 %: {same['p25']:.3f} - "
           f"{same['p75']:.3f}); medians {med['after'] * 1e3:.1f} / {med['before'] * 1e3:.1f} ms")
     print(f"one thread, CPU time:  dropout {drop1['median']:.3f}x ({drop1['p25']:.3f} - {drop1['p75']:.3f}),  "
-          f"p=0 after / before {same1['median']:.3f}x ({same1['p25']:.3f} - {same1['p75']:.3f})")
+          f"p=0 after / before {same1['median']:.3f}x ({same1['p25']:.3f} - {same1['p75']:.3f});  kernels alone: "
+          f"forward {fwd1['median']:.3f}x ({fwd1['p25']:.3f} - {fwd1['p75']:.3f}), backward {bwd1['median']:.3f}x "
+          f"({bwd1['p25']:.3f} - {bwd1['p75']:.3f})")
     out = Path(a.out)
     stem = f"attention-dropout-cpu-fp32-t{a.threads}"
     report.write_json(out / f"{stem}.json", {
         **report.metadata("cpu", torch.float32, a.quick), "load_average_1min": [load0, load1], "lengths": lens,
         "heads": HEADS, "head_dim": HEAD_DIM, "dropout_p": P, "baseline": a.baseline,
         "ratio_dropout_vs_p0": drop, "ratio_p0_after_vs_before": same, "median_seconds": med,
-        "one_thread_cpu_time": {"ratio_dropout_vs_p0": drop1, "ratio_p0_after_vs_before": same1, "seconds": t1},
+        "one_thread_cpu_time": {"ratio_dropout_vs_p0": drop1, "ratio_p0_after_vs_before": same1,
+                                "ratio_dropout_vs_p0_forward_kernel": fwd1, "ratio_dropout_vs_p0_backward_kernel": bwd1,
+                                "seconds": t1},
         "dropout_ns_per_hashed_element": per_elem_ns, "seconds": t})
     print(f"wrote {out / stem}.json")
     return 0
