@@ -275,3 +275,20 @@ def test_bad_generator_raises():
     q = testing.randn(1, 5, 2, 16)
     with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
         ops.attention(q, q, q, dropout_p=0.1, generator=3)
+
+
+def test_on_a_gpu_dropout_calls_go_to_triton(monkeypatch):
+    """On a CUDA machine (simulated: a device, every backend available), asked for cuda before triton, a call with
+    dropout_p > 0 is served by Triton (the cuda forward declines it), one without by cuda; Triton also ranks first
+    by default."""
+    import dataclasses
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name, impl in registry.impls(OP).items():
+        monkeypatch.setitem(registry._REGISTRY[OP], name, dataclasses.replace(impl, available=None))
+    monkeypatch.delenv("FASTENC_BACKEND", raising=False)
+    q = testing.fake(17, 2, 64, dtype=torch.float16, device="cuda")
+    inputs = {"q": q, "k": q, "v": q, "window": (-1, -1), "dropout_p": 0.0}
+    assert registry.select(OP, inputs, ["cuda", "triton"]).backend == "cuda"
+    assert registry.select(OP, dict(inputs, dropout_p=P), ["cuda", "triton"]).backend == "triton"
+    assert registry.select(OP, dict(inputs, dropout_p=P)).backend == "triton"
