@@ -51,7 +51,8 @@ def _baseline_ext(rev: str):
     build = d / "build"
     build.mkdir(exist_ok=True)
     print(f"building the baseline extension ({rev}) in {build} ...", file=sys.stderr, flush=True)
-    return load(name="fastenc_ext_cpu_baseline", sources=[str(src / "bindings.cpp")] + sorted(map(str, (src / "cpu").glob("*.cpp"))),
+    sources = [str(src / "bindings.cpp")] + sorted(map(str, (src / "cpu").glob("*.cpp")))
+    return load(name="fastenc_ext_cpu_baseline", sources=sources,
                 extra_cflags=extension.cflags() + extension.define_flags("cpu"), extra_ldflags=["-fopenmp"],
                 extra_include_paths=[str(src / "common"), str(src)], build_directory=str(build))
 

@@ -65,8 +65,11 @@ _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attenti
 _backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
                  limits="head_dim multiple of 8 <= 256; CUDA, CPU tensors under TRITON_INTERPRET=1")
 _backends.cpu(OP, "attention", check=_cpu_check, limits="head_dim <= 256, fp32 math")
+
+
 def _cuda_check(inputs) -> list[str]:
-    why = [] if _head_dim(inputs) in (32, 64, 96, 128) else [f"head_dim must be 32, 64, 96 or 128, got {_head_dim(inputs)}"]
+    d = _head_dim(inputs)
+    why = [] if d in (32, 64, 96, 128) else [f"head_dim must be 32, 64, 96 or 128, got {d}"]
     return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else [])
 
 

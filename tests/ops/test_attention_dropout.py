@@ -33,7 +33,8 @@ def _inputs(backend, dtype=torch.float32, head_dim=32):
 # (id, sequence lengths, heads, head_dim, window)
 SHAPES = [("s17-0-1-40", (17, 0, 1, 40), 3, 32, None), ("win-5-2", (33, 1, 20), 2, 16, (5, 2))]
 CASES = testing.cases(OP, ((b, dt, *s) for b in testing.backends_for(OP) for dt in _dtypes(b) for s in SHAPES),
-                      lambda b, dt, *_: _inputs(b, dt), ids=lambda b, dt, name, *_: f"{b}-{testing.dtype_id(dt)}-{name}")
+                      lambda b, dt, *_: _inputs(b, dt),
+                      ids=lambda b, dt, name, *_: f"{b}-{testing.dtype_id(dt)}-{name}")
 FP32 = testing.backend_cases(OP, _inputs)
 
 
@@ -166,8 +167,8 @@ def test_padded_with_key_padding_mask(backend):
     mask[0, 5] = False
     mask[1, 4] = True
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = ops.attention(*leaves, key_padding_mask=mask, dropout_p=P, generator=torch.Generator(device=device).manual_seed(3),
-                        backend=backend)
+    gen = torch.Generator(device=device).manual_seed(3)
+    out = ops.attention(*leaves, key_padding_mask=mask, dropout_p=P, generator=gen, backend=backend)
     out.backward(g)
     seed, offset = _draw(3)
     refs = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
