@@ -20,15 +20,52 @@ import triton
 import triton.language as tl
 
 from fastenc.kernels._util import on_device
+from fastenc.reference.attention_dropout import call_key, threshold
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _mix32(x):
+    # The dropout hash of fastenc/reference/attention_dropout.py on uint32 (wrapping multiplies, logical shifts):
+    #   x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16
+    x = x ^ (x >> 16)
+    x = x * tl.full((), 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full((), 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _dropout_row_keys(drop_key, h, tokens):
+    # Row keys r = mix(c ^ mix(t ^ mix(h ^ G))) of head h and packed query tokens `tokens` (int32 vector); c = drop_key
+    # (the call key, passed as int32 bits).
+    hk = _mix32(h.to(tl.uint32) ^ tl.full((), 0x9E3779B9, tl.uint32))
+    return _mix32(drop_key.to(tl.uint32, bitcast=True) ^ _mix32(tokens.to(tl.uint32) ^ hk))
+
+
+@triton.jit
+def _dropout_keep(rows, cols, drop_thr):
+    # Keep-mask of the elements (row keys `rows` broadcast against key columns `cols`): u = mix(r + j * G),
+    # kept when (u >> 1) >= floor(p * 2^31) = drop_thr.
+    u = _mix32(rows + cols.to(tl.uint32) * tl.full((), 0x9E3779B9, tl.uint32))
+    return (u >> 1).to(tl.int32) >= drop_thr
+
+
+def dropout_args(dropout_p: float, seed: int, offset: int) -> tuple[int, int, float]:
+    """(drop_key as int32 bits, drop_thr, drop_scale = 1/(1-p)) for the kernels' dropout arguments."""
+    if dropout_p <= 0:
+        return 0, 0, 1.0
+    key = call_key(seed, offset)
+    return key - (1 << 32) if key >= 1 << 31 else key, threshold(dropout_p), 1.0 / (1.0 - dropout_p)
+
+
+@triton.jit
 def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride_h, window_left, window_right,
-                          qk_scale,
+                          qk_scale, drop_key, drop_thr, drop_scale,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
+                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
+                          DROPOUT: tl.constexpr):
     # Program (query tile m, sequence b) on grid axis 0 = m_blocks * batch (sequence-major, as the CUDA kernel:
     # grid y and z stop at 65,535), head h on axis 1. Base-2 online softmax over key tiles j, with
     # s = q.k * scale * log2(e) (so e^(scale q.k) = 2^s):
@@ -39,6 +76,9 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
     # out = acc / l. Keys outside the sequence or the window get s = -inf (p = 0).
     # lse = (m + log2 l) * ln 2, the natural log-sum-exp of scale * q.k the backward needs (+inf when l = 0),
     # stored at LSE[h * total + token] (fp32, (heads, total_tokens)).
+    # DROPOUT (keep-mask Z of fastenc/reference/attention_dropout.py, from the row keys of the tile's queries and
+    # the key columns): l sums the undropped p, acc takes p * Z, and out = acc / l * drop_scale (= 1/(1-p)), i.e.
+    # out = (softmax * Z / (1-p)) V; lse is the undropped one.
     pid = tl.program_id(0)
     b = pid // m_blocks
     pid_m = pid - b * m_blocks
@@ -68,6 +108,8 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
     if HAS_RIGHT:
         hi = tl.minimum(m0 + BLOCK_M + window_right, seqlen)
 
+    if DROPOUT:
+        rkeys = _dropout_row_keys(drop_key, h, start + offs_m)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -92,6 +134,8 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            p = tl.where(_dropout_keep(rkeys[:, None], cols[None, :], drop_thr), p, 0.0)
         v = tl.load(V + base + cols[:, None].to(tl.int64) * stride_t + offs_d[None, :],
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
         acc = acc * alpha[:, None]
@@ -102,6 +146,8 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
         m_i = m_new
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
+    if DROPOUT:
+        out = out * drop_scale
     tl.store(O + base + offs_m[:, None].to(tl.int64) * stride_t + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
     lse = tl.where(l_i > 0.0, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("inf"))
@@ -240,10 +286,10 @@ def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run) -> AttentionC
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                  window_left: int, window_right: int, scale: float,
-                  config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  window_left: int, window_right: int, scale: float, dropout_p: float = 0.0, seed: int = 0,
+                  offset: int = 0, config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
-    window -1 = unbounded. Returns (out like q, lse (heads, total_tokens) fp32). `config` overrides the
+    window -1 = unbounded; dropout_p > 0: attention dropout with the keep-mask of (seed, offset). Returns (out like q, lse (heads, total_tokens) fp32). `config` overrides the
     heuristic / autotuned choice. max_seqlen must be >= every length (it sizes the grid; fastenc.ops.attention
     passes the longest it read). Memory-safe with any cu_seqlens values: the kernel clamps them to
     [0, total_tokens]."""
@@ -262,12 +308,14 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         bound = "2**30 with a window" if wl >= 0 or wr >= 0 else "2**31 - 1"
         raise ValueError(f"attention (triton): total_tokens must be <= {bound}, got {total}")
 
+    drop = dropout_args(dropout_p, seed, offset)
+
     def run(cfg: AttentionConfig) -> None:
         m_blocks, grid = launch_grid(max_seqlen, total, batch, heads, cfg.block_m)
         _attention_fwd_kernel[grid](
-            q, k, v, out, lse, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E,
+            q, k, v, out, lse, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E, *drop,
             D=d, BLOCK_D=block_d(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            HAS_LEFT=wl >= 0, HAS_RIGHT=wr >= 0, IEEE=q.dtype == torch.float32,
+            HAS_LEFT=wl >= 0, HAS_RIGHT=wr >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     with on_device(q):
@@ -279,8 +327,9 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
 def compile_specs() -> list[dict]:
     """Ahead-of-time compile configurations (see kernels/_compile.py; each is compiled for sm_90 and sm_80): the
     heuristic's launch configs over every BLOCK_D the backend can get (head dims 8..256, multiples of 8 -> 16,
-    32, 64, 128, 256), fp16 and bf16 with the sm_90 and sm_80 choices, fp32, and ModernBERT's windowed bf16
-    case. Head dims that are not a power of two (8, 24, 40, 80, 200) exercise the head-dim mask and its configs."""
+    32, 64, 128, 256), fp16 and bf16 with the sm_90 and sm_80 choices, fp32, ModernBERT's windowed bf16
+    case, and the dropout variants of three of them. Head dims that are not a power of two (8, 24, 40, 80, 200)
+    exercise the head-dim mask and its configs."""
     specs = []
     cases = [("fp16", torch.float16, 8, False, 90), ("bf16", torch.bfloat16, 24, False, 90),
              ("fp16", torch.float16, 40, False, 90), ("fp16", torch.float16, 64, False, 90),
@@ -291,21 +340,24 @@ def compile_specs() -> list[dict]:
              ("fp32", torch.float32, 8, False, 90), ("fp32", torch.float32, 32, False, 80),
              ("fp32", torch.float32, 64, False, 90), ("fp32", torch.float32, 128, False, 80),
              ("fp32", torch.float32, 200, False, 90), ("fp32", torch.float32, 256, False, 90)]
-    for tname, dtype, d, windowed, cc in cases:
+    cases = [c + (False,) for c in cases] + [  # the dropout variants: ModernBERT's, the widest head, fp32
+        ("bf16", torch.bfloat16, 64, True, 80, True), ("fp16", torch.float16, 256, False, 90, True),
+        ("fp32", torch.float32, 128, False, 80, True)]
+    for tname, dtype, d, windowed, cc, dropout in cases:
         cfg = default_config(d, dtype, cc)
         ptr = "*" + tname
         specs.append({
-            "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}",
+            "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}_cfg{cc}",
             "fn": _attention_fwd_kernel,
             "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "LSE": "*fp32", "CU": "*i32", "total": "i32",
                           "m_blocks": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
-                          "window_right": "i32", "qk_scale": "fp32", "D": "constexpr", "BLOCK_D": "constexpr",
-                          "BLOCK_M": "constexpr",
+                          "window_right": "i32", "qk_scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
+                          "drop_scale": "fp32", "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
                           "BLOCK_N": "constexpr", "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr",
-                          "IEEE": "constexpr"},
+                          "IEEE": "constexpr", "DROPOUT": "constexpr"},
             "constexprs": {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m,
                            "BLOCK_N": cfg.block_n, "HAS_LEFT": windowed, "HAS_RIGHT": windowed,
-                           "IEEE": dtype == torch.float32},
+                           "IEEE": dtype == torch.float32, "DROPOUT": dropout},
             "divisible_by_16": ["stride_t", "stride_h"] if d % 16 == 0 else [],
             "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages,

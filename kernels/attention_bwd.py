@@ -11,6 +11,9 @@ dQ by query tile in a second kernel, not with atomics into a shared fp32 buffer:
 no fp32 dQ buffer nor a conversion pass, and runs under the CPU interpreter; it costs recomputing S and dP (7 tile
 products per tile pair instead of 5), which encoder-length sequences (<= a few thousand tokens) pay readily.
 Layout: grad, q, k, v, out, dq, dk, dv (total_tokens, heads, head_dim); lse, D (heads, total_tokens) fp32.
+Dropout (DROPOUT, keep-mask Z regenerated from the forward's seed and offset, kernels/attention.py), with
+Pd = P * Z / (1-p):  dV += Pd^T dO;  dS = P * (dP * Z/(1-p) - D) = Pd * dP - P * D  (D = rowsum(dO * O) as before).
+A gradient not needed skips its kernel (dQ, or dK/dV).
 cu_seqlens is read by the kernels and clamped to [0, total_tokens] where read, so no access leaves the tensors.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ import triton
 import triton.language as tl
 
 from fastenc.kernels._util import on_device
+from fastenc.kernels.attention import _dropout_keep, _dropout_row_keys, dropout_args
 
 LOG2E = 1.4426950408889634
 
@@ -50,9 +54,10 @@ def _attention_bwd_preprocess_kernel(O, DO, DELTA, total, stride_t, stride_h,
 
 @triton.jit
 def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_tiles, stride_t, stride_h, window_left,
-                               window_right, qk_scale, scale,
+                               window_right, qk_scale, scale, drop_key, drop_thr, drop_scale,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
+                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
+                               DROPOUT: tl.constexpr):
     # Program (key tile n, sequence b) on grid axis 0 = n_tiles * batch (grid y/z stop at 65,535), head h on
     # axis 1. In base 2, s = q.k * scale * log2(e), lse2 = lse * log2(e):
     #   for each query tile i of the band (queries i with j - right <= i <= j + left):
@@ -61,6 +66,7 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
     #     dP^T = V dO^T;  dS^T = P^T * (dP^T - D)
     #     dK  += dS^T Q
     #   dK *= scale.
+    # DROPOUT: Pd^T = P^T * Z^T / (1-p);  dV += Pd^T dO;  dS^T = Pd^T * dP^T - P^T * D.
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_n = pid - b * n_tiles
@@ -110,13 +116,20 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
         if HAS_RIGHT:
             keep = keep & (offs_n[:, None] <= rows[None, :] + window_right)
         pt = tl.where(keep, tl.math.exp2(st * qk_scale - lse2[None, :]), 0.0)  # lse2 = +inf (no key): 0
+        pdt = pt
+        if DROPOUT:
+            rkeys = _dropout_row_keys(drop_key, h, start + rows)
+            pdt = tl.where(_dropout_keep(rkeys[None, :], offs_n[:, None], drop_thr), pt * drop_scale, 0.0)
         if IEEE:
-            dv += tl.dot(pt, do, input_precision="ieee")
+            dv += tl.dot(pdt, do, input_precision="ieee")
             dpt = tl.dot(v, tl.trans(do), input_precision="ieee")
         else:
-            dv += tl.dot(pt.to(do.dtype), do)
+            dv += tl.dot(pdt.to(do.dtype), do)
             dpt = tl.dot(v, tl.trans(do))
-        dst = pt * (dpt - delta[None, :])
+        if DROPOUT:
+            dst = pdt * dpt - pt * delta[None, :]
+        else:
+            dst = pt * (dpt - delta[None, :])
         if IEEE:
             dk += tl.dot(dst, q, input_precision="ieee")
         else:
@@ -127,13 +140,15 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
 
 @triton.jit
 def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, stride_t, stride_h, window_left,
-                             window_right, qk_scale, scale,
+                             window_right, qk_scale, scale, drop_key, drop_thr, drop_scale,
                              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr):
+                             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
+                             DROPOUT: tl.constexpr):
     # Program (query tile m, sequence b) on grid axis 0 = n_tiles * batch, head h on axis 1:
     #   for each key tile j of the band (keys j with i - left <= j <= i + right):
     #     P = 2^(s - lse2);  dP = dO V^T;  dS = P * (dP - D);  dQ += dS K
     #   dQ *= scale.
+    # DROPOUT: dS = Pd * dP - P * D with Pd = P * Z / (1-p).
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_m = pid - b * n_tiles
@@ -155,6 +170,8 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
     row_base = h.to(tl.int64) * total + start
     lse2 = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+    if DROPOUT:
+        rkeys = _dropout_row_keys(drop_key, h, start + offs_m)
 
     lo = 0
     hi = seqlen
@@ -184,7 +201,11 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
         if HAS_RIGHT:
             keep = keep & (cols[None, :] <= offs_m[:, None] + window_right)
         p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
-        ds = p * (dp - delta[:, None])
+        if DROPOUT:
+            pd = tl.where(_dropout_keep(rkeys[:, None], cols[None, :], drop_thr), p * drop_scale, 0.0)
+            ds = pd * dp - p * delta[:, None]
+        else:
+            ds = p * (dp - delta[:, None])
         if IEEE:
             dq += tl.dot(ds, k, input_precision="ieee")
         else:
@@ -207,14 +228,20 @@ def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> AttentionBwdConfig:
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False) -> AttentionBwdConfig:
     """Analytical choice per head dim (cc = major*10+minor; None = CPU interpreter). dK and dV (or dQ) accumulate
-    in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills."""
+    in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills. The
+    dropout hash's temporaries (per tile element) take registers too: fp16/bf16 head dims 72..128 go to 64 x 32
+    tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80)."""
     bd = block_d(head_dim)
     if cc is None:  # interpreter: few large tiles
         return AttentionBwdConfig(64, 64, 4, 1)
     if dtype == torch.float32:  # IEEE fp32 dots (no tensor-core path): small tiles over 8 warps
+        if dropout and 64 < bd <= 128:  # 8 warps spilled 8 B at head dim 128 on sm_80 with dropout
+            return AttentionBwdConfig(16, 32, 4, 1)
         return AttentionBwdConfig(32, 32, 8, 1) if bd <= 64 else AttentionBwdConfig(16, 32, 8, 1)
+    if dropout and bd > 64:
+        return AttentionBwdConfig(64, 32, 8, 2) if bd <= 128 else AttentionBwdConfig(16, 32, 8, 1)
     if bd <= 64:  # 4 warps hold dK + dV (or dQ) at 64 x 64 only by spilling on sm_80
         return AttentionBwdConfig(64, 64, 8, 2)
     if bd <= 128:
@@ -224,11 +251,16 @@ def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> Attenti
 
 def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int, window_right: int,
-                  scale: float, config: AttentionBwdConfig | None = None):
+                  scale: float, dropout_p: float = 0.0, seed: int = 0, offset: int = 0, need_dq: bool = True,
+                  need_dkdv: bool = True, config: AttentionBwdConfig | None = None):
     """grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; lse: (heads, total_tokens)
-    fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded. Returns (dq, dk, dv) like q."""
+    fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded; dropout_p, seed, offset: the
+    forward's. Returns (dq, dk, dv) like q; one not needed (need_dq / need_dkdv false) is empty and its kernel
+    does not run."""
     total, heads, d = q.shape
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq = torch.empty_like(q) if need_dq else q.new_empty(0)
+    dk = torch.empty_like(k) if need_dkdv else q.new_empty(0)
+    dv = torch.empty_like(v) if need_dkdv else q.new_empty(0)
     batch = cu_seqlens.numel() - 1
     if total == 0 or batch == 0 or heads == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -237,22 +269,25 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     lse = lse.contiguous()
     delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     bd = block_d(d)
-    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q))
+    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0)
     common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
-                  HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
+                  HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if heads > 65535:
         raise ValueError(f"attention backward (triton): heads must be <= 65535 (grid axis 1), got {heads}")
-    rest = (heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E, scale)
+    rest = (heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E, scale,
+            *dropout_args(dropout_p, seed, offset))
     seq = max(min(max_seqlen, total), 1)
     n_kv, n_q = triton.cdiv(seq, cfg.block_n), triton.cdiv(seq, cfg.block_m)
     with on_device(q):
         _attention_bwd_preprocess_kernel[(triton.cdiv(total, 64), heads)](
             out, grad, delta, total, heads * d, d, D=d, BLOCK_D=bd, BLOCK_T=64)
-        _attention_bwd_dkdv_kernel[(n_kv * batch, heads)](
-            q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, **common)
-        _attention_bwd_dq_kernel[(n_q * batch, heads)](
-            q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, **common)
+        if need_dkdv:
+            _attention_bwd_dkdv_kernel[(n_kv * batch, heads)](
+                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, **common)
+        if need_dq:
+            _attention_bwd_dq_kernel[(n_q * batch, heads)](
+                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, **common)
     return dq, dk, dv
 
 
@@ -264,20 +299,24 @@ def _cc(t: torch.Tensor) -> int:
 def compile_specs() -> list[dict]:
     """Ahead-of-time compile configurations (kernels/_compile.py; each compiled for sm_90 and sm_80): the three
     kernels at the heuristic's config for head dims 64 and 128 (fp16, bf16), 256 (bf16), a windowed bf16 case and
-    fp32."""
+    fp32, and the dropout variants at each of the four dropout configs."""
     specs = []
-    cases = [("fp16", torch.float16, 64, False), ("bf16", torch.bfloat16, 64, True),
-             ("bf16", torch.bfloat16, 128, False), ("fp16", torch.float16, 256, False),
-             ("fp32", torch.float32, 64, False), ("fp32", torch.float32, 128, True)]
+    cases = [("fp16", torch.float16, 64, False, False), ("bf16", torch.bfloat16, 64, True, False),
+             ("bf16", torch.bfloat16, 128, False, False), ("fp16", torch.float16, 256, False, False),
+             ("fp32", torch.float32, 64, False, False), ("fp32", torch.float32, 128, True, False),
+             ("bf16", torch.bfloat16, 64, False, True), ("fp16", torch.float16, 128, True, True),
+             ("bf16", torch.bfloat16, 256, False, True), ("fp32", torch.float32, 128, False, True)]
     for cc in (90,):  # default_config does not depend on the GPU generation (yet): one config per case
-        for tname, dtype, d, windowed in cases:
-            cfg = default_config(d, dtype, cc)
+        for tname, dtype, d, windowed, dropout in cases:
+            cfg = default_config(d, dtype, cc, dropout)
             ptr = "*" + tname
             ints = {"total": "i32", "n_tiles": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
-                    "window_right": "i32", "qk_scale": "fp32", "scale": "fp32"}
+                    "window_right": "i32", "qk_scale": "fp32", "scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
+                    "drop_scale": "fp32"}
             consts = {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                      "HAS_LEFT": windowed, "HAS_RIGHT": windowed, "IEEE": dtype == torch.float32}
-            tag = f"{tname}_d{d}{'_window' if windowed else ''}_cfg{cc}"
+                      "HAS_LEFT": windowed, "HAS_RIGHT": windowed, "IEEE": dtype == torch.float32,
+                      "DROPOUT": dropout}
+            tag = f"{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}_cfg{cc}"
             launch = {"divisible_by_16": ["stride_t", "stride_h"], "num_warps": cfg.num_warps,
                       "num_stages": cfg.num_stages}
             sig_c = {k: "constexpr" for k in consts}
@@ -289,7 +328,7 @@ def compile_specs() -> list[dict]:
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
                                         "DQ": ptr, "CU": "*i32", **ints, **sig_c},
                           "constexprs": consts, **launch})
-            if not windowed:
+            if not windowed and not dropout:
                 specs.append({"name": f"attention_bwd_preprocess_{tname}_d{d}_cfg{cc}",
                               "fn": _attention_bwd_preprocess_kernel,
                               "signature": {"O": ptr, "DO": ptr, "DELTA": "*fp32", "total": "i32",

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 from fastenc.kernels._compile import kernel_modules  # noqa: E402
 
 CCS = (90, 80)
-TIMEOUT_S = 300
+TIMEOUT_S = 420
 
 
 def _collect():
