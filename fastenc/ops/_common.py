@@ -1,7 +1,7 @@
 """Argument checks shared by the public ops: every error names the argument, the expected and the received."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -67,7 +67,7 @@ def empty_or(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t if t is not None else like.new_empty(0)
 
 
-def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> list[int]:
+def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention", max_seqlen: int | None = None) -> list[int]:
     """Validate FlashAttention-style cu_seqlens (int32 (batch+1,), from 0, non-decreasing, to `total`); returns it
     as a Python list.
 
@@ -78,26 +78,27 @@ def check_cu_seqlens(cu_seqlens, total: int, device, op: str = "attention") -> l
     Under torch.compile the values are not known while tracing: the checks that read them run in the graph, on
     every call, inside the fastenc::cu_seqlens_lengths op (the same errors), and the list returned holds symbolic
     ints, [0, n0, n0 + n1, ...] over the sequence lengths n_i >= 0 that op returns, so the caller's max over
-    the differences is the symbolic longest length."""
+    the differences is the symbolic longest length.
+    max_seqlen: every sequence must be at most that long (a caller's bound, checked the same way)."""
     if not torch.compiler.is_compiling():
-        return _validate_cu_seqlens(cu_seqlens, total, device, op)
+        return _validate_cu_seqlens(cu_seqlens, total, device, op, max_seqlen)
     _check_cu_seqlens_meta(cu_seqlens, device, op)
     cu = [0]
-    for n in _cu_seqlens_lengths_op(cu_seqlens, total, op).tolist():
+    for n in _cu_seqlens_lengths_op(cu_seqlens, total, op, max_seqlen).tolist():
         torch._check(n >= 0)
         cu.append(cu[-1] + n)
     return cu
 
 
 @custom_op("fastenc::cu_seqlens_lengths", mutates_args=())
-def _cu_seqlens_lengths_op(cu_seqlens: torch.Tensor, total: int, op: str) -> torch.Tensor:
+def _cu_seqlens_lengths_op(cu_seqlens: torch.Tensor, total: int, op: str, max_seqlen: Optional[int]) -> torch.Tensor:
     """cu_seqlens (batch+1,) int32 -> the sequence lengths (batch,) int32, after _validate_cu_seqlens."""
-    _validate_cu_seqlens(cu_seqlens, total, cu_seqlens.device, op)
+    _validate_cu_seqlens(cu_seqlens, total, cu_seqlens.device, op, max_seqlen)
     return cu_seqlens[1:] - cu_seqlens[:-1]
 
 
 @_cu_seqlens_lengths_op.register_fake
-def _(cu_seqlens, total, op):
+def _(cu_seqlens, total, op, max_seqlen):
     return cu_seqlens.new_empty(cu_seqlens.shape[0] - 1)
 
 
@@ -113,7 +114,7 @@ def _check_cu_seqlens_meta(cu_seqlens, device, op: str) -> None:
         raise ValueError(f"{op}: cu_seqlens must be on q's device {device}, got {cu_seqlens.device}")
 
 
-def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
+def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str, max_seqlen: int | None = None) -> list[int]:
     _check_cu_seqlens_meta(cu_seqlens, device, op)
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
@@ -122,6 +123,10 @@ def _validate_cu_seqlens(cu_seqlens, total: int, device, op: str) -> list[int]:
         raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got {cu}")
     if cu[-1] != total:
         raise ValueError(f"{op}: cu_seqlens must end at total_tokens={total}, got {cu[-1]}")
+    if max_seqlen is not None:
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
+        if longest > max_seqlen:
+            raise ValueError(f"{op}: max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen}")
     return cu
 
 

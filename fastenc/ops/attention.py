@@ -118,17 +118,17 @@ def _window(window) -> tuple[int, int]:
     return int(left), int(right)
 
 
-def _max_seqlen(max_seqlen, longest: int) -> None:
+def _max_seqlen(max_seqlen) -> int | None:
+    """The caller's bound on the longest sequence as an int (None: none given); check_cu_seqlens compares it."""
     if max_seqlen is None:
-        return
+        return None
     try:
         if isinstance(max_seqlen, (bool, torch.Tensor)):
             raise TypeError
         n = operator.index(max_seqlen)
     except TypeError:
         raise TypeError(f"{OP}: max_seqlen must be an int, got {type(max_seqlen).__name__}") from None
-    if n < longest:
-        raise ValueError(f"{OP}: max_seqlen must be an int >= the longest sequence ({longest}), got {max_seqlen!r}")
+    return n
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None,
@@ -174,9 +174,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         if q.dim() != 3:
             raise ValueError(f"{OP}: with cu_seqlens, q must be packed (total_tokens, heads, head_dim), "
                              f"got shape {tuple(q.shape)}")
-        cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.device)
+        cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.device, max_seqlen=_max_seqlen(max_seqlen))
         longest = max(b - a for a, b in zip(cu, cu[1:]))
-        _max_seqlen(max_seqlen, longest)
         # The kernels get the longest length read now (it sizes their grids), not the caller's bound.
         return _run(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p, generator)
 
@@ -218,8 +217,11 @@ def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0,
     computes i + 2**63 - 1). dropout_p > 0: (seed, offset) are drawn here, once the backends are chosen."""
     if q.numel() == 0:
         return q.new_zeros(q.shape)
-    wl = -1 if wl >= max_seqlen else wl
-    wr = -1 if wr >= max_seqlen else wr
+    # Under torch.compile the longest length is symbolic: the bound is the token count there (a side between the
+    # two bounds nothing either way; the kernels then walk the band instead of the whole sequence).
+    bound = q.shape[0] if torch.compiler.is_compiling() else max_seqlen
+    wl = -1 if wl >= bound else wl
+    wr = -1 if wr >= bound else wr
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
               "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}

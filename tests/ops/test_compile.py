@@ -141,3 +141,34 @@ def test_compiled_graph_uses_the_choice_in_force_when_traced():
         assert_close(explicit(x), real(x, None, "none"))
     assert any("'reference'" in code for code in seen), seen
     _assert_no_graph_break()
+
+
+@pytest.mark.parametrize("window, max_seqlen", [((2, 3), None), (40, 16)], ids=["window-2-3", "window-40-max16"])
+def test_windowed_varlen_attention_compiles_fullgraph(window, max_seqlen):
+    """A window and a caller's max_seqlen are compared with the longest length, symbolic while tracing: the
+    comparison runs in the graph (a window wider than every sequence bounds nothing, as in eager)."""
+    x, _, cu = _inputs()
+    q, k, v = (randn(x.shape[0], HEADS, 8).requires_grad_() for _ in range(3))
+
+    def f(q, k, v, cu):
+        return ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=max_seqlen, window=window)
+
+    want = f(q, k, v, cu)
+    (gq, gk, gv) = torch.autograd.grad(want.square().sum(), (q, k, v))
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, cu)
+    _assert_no_graph_break()
+    assert_close(got.detach(), want.detach())
+    for name, g, w in zip("qkv", torch.autograd.grad(got.square().sum(), (q, k, v)), (gq, gk, gv)):
+        assert_close(g, w, name=f"d{name}")
+
+
+def test_compiled_attention_checks_max_seqlen_every_call():
+    x, _, cu = _inputs()
+    q = randn(x.shape[0], HEADS, 8)
+    f = torch.compile(lambda q, cu: ops.attention(q, q, q, cu_seqlens=cu, max_seqlen=max(LENGTHS)), fullgraph=True,
+                      backend="aot_eager")
+    with torch.inference_mode():
+        f(q, cu)
+        short = torch.tensor([0, 1, 2, x.shape[0]], dtype=torch.int32)  # a last sequence longer than max_seqlen
+        with pytest.raises(Exception, match="max_seqlen must be an int >= the longest sequence"):
+            f(q, short)
