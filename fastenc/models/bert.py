@@ -160,13 +160,17 @@ class BertForSequenceClassification(BertModel):
         super().__init__(config)
         self.classifier = Linear(config.hidden_size, config.num_labels)
 
+    def classify(self, first: torch.Tensor) -> torch.Tensor:
+        """classifier(drop(tanh(pooler(first)))): first (batch, hidden), each row's first token."""
+        pooled = torch.tanh(self.pooler(first))
+        p = _classifier_dropout(self.config) if self.training else 0.0
+        return self.classifier(F.dropout(pooled, p, training=True) if p > 0 else pooled)
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         name = type(self).__name__
         kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels, heads.grid(input_ids)[0])
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        pooled = torch.tanh(self.pooler(batch.first_tokens(x)))
-        p = _classifier_dropout(self.config) if self.training else 0.0
-        logits = self.classifier(F.dropout(pooled, p, training=True) if p > 0 else pooled)
+        logits = self.classify(batch.first_tokens(x))
         if labels is None:
             return logits
         return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
