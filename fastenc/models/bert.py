@@ -27,6 +27,7 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
+from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows
 from fastenc.models.config import BertConfig
@@ -90,7 +91,7 @@ def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.
                 return_residual=False)
 
 
-class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
+class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: BertConfig):

@@ -22,6 +22,7 @@ from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
+from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, row_tokens, rows_with_holes
 from fastenc.models.config import ModernBertConfig
@@ -71,7 +72,7 @@ class ModernBertHead(nn.Module):
         return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
 
 
-class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
+class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: ModernBertConfig):

@@ -20,6 +20,7 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
+from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
 from fastenc.models.padding import PackedBatch
 
@@ -57,7 +58,7 @@ class ViTLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
 
 
-class ViTModel(LoraMixin, nn.Module):
+class ViTModel(LoraMixin, SaveMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: ViTConfig):
