@@ -19,9 +19,10 @@ def from_pretrained(path, device=None, dtype=None):
 
 
 def accelerate(hf_model, copy: bool = False):
-    """A module with hf_model's forward signature and output type, running on fastenc (see fastenc.models.hf).
-    A call fastenc cannot serve exactly (gradients, dropout in training mode, labels, output_attentions, ...) runs
-    the transformers forward and says why with a fastenc.models.hf.FallbackWarning, once per reason."""
+    """A module with hf_model's forward signature and output type, running on fastenc (see fastenc.models.hf), for
+    inference and training (labels, dropout, gradients on hf_model's own parameters: transformers.Trainer trains
+    it). A call fastenc cannot serve exactly (inputs_embeds, output_attentions, ...) runs the transformers forward
+    and says why with a fastenc.models.hf.FallbackWarning, once per reason."""
     from fastenc.models.hf import accelerate as _accelerate
     return _accelerate(hf_model, copy=copy)
 

@@ -3,31 +3,43 @@ instance of a per-call subclass of the model's own class (same name, config, sub
 output type), whose forward runs the fastenc model. Nothing in transformers is patched: the original model and
 its class are untouched.
 
+Inference and training: the parameters stay transformers' own (the optimizer, state_dict and save_pretrained see
+them). A call that records gradients runs the fastenc model on those very tensors (the fused QKV weight is the
+concatenation of query, key and value, made per call, so gradients reach transformers' parameters); a call
+without gradients runs on the fastenc model's own tensors, shared with transformers', the fused QKV weights
+refreshed whenever transformers' changed (an optimizer step, load_state_dict). model.train() turns on the
+dropouts, labels= gives the loss (fastenc.models.heads), num_items_in_batch (from Trainer) is used where
+transformers' loss uses it (ViT) and ignored where it does not (BERT, ModernBERT).
+
 A call the fastenc path cannot serve exactly runs the original forward and says why, once per reason and
-model, with a `FallbackWarning`: gradients (training mode, or grad mode on with parameters that require grad),
-dropout in training mode, labels (the loss), inputs_embeds, output_attentions / output_hidden_states (argument
-or config), explicit position_ids, a mask that is not (batch, seq), ViT's interpolate_pos_encoding /
-bool_masked_pos / attention_mask, and left padding the padded column-0 query cannot be computed for (below).
+model, with a `FallbackWarning`: inputs_embeds, output_attentions / output_hidden_states (argument or config),
+explicit position_ids, a mask that is not (batch, seq), ViT's interpolate_pos_encoding / bool_masked_pos /
+attention_mask, labels on a base model, and left padding the padded column-0 query cannot be computed for (below).
 
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
-give transformers' pooled output. Hidden states and token logits at other padded positions are zeros.
+give transformers' pooled output. Hidden states and token logits at other padded positions are zeros. The
+token-classification loss reads the labels of real tokens only (transformers' collators put -100 on padding).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 
 import torch
 
+from fastenc.models import convert, heads
 from fastenc.models.loading import SUPPORTED, from_hf
 
 # Arguments the fastenc path understands, per architecture; any other set to a value other than None/False falls
 # back to transformers (with a warning naming it).
-_HANDLED = {"bert": {"input_ids", "attention_mask", "token_type_ids", "return_dict"},
-            "modernbert": {"input_ids", "attention_mask", "token_type_ids", "return_dict"},  # (types: unused)
-            "vit": {"pixel_values", "return_dict"}}
-_WHY = {"labels": "labels= (the loss) is not supported", "inputs_embeds": "inputs_embeds is not supported",
+_HANDLED = {"bert": {"input_ids", "attention_mask", "token_type_ids", "return_dict", "num_items_in_batch"},
+            "modernbert": {"input_ids", "attention_mask", "token_type_ids", "return_dict",  # (types: unused)
+                           "num_items_in_batch"},
+            "vit": {"pixel_values", "return_dict", "num_items_in_batch"}}
+_WHY = {"labels": "labels= on a base model (no head, no loss) is not supported",
+        "inputs_embeds": "inputs_embeds is not supported",
         "position_ids": "explicit position_ids are not supported",
         "attention_mask": "attention_mask (ViT) is not supported"}
 
@@ -47,11 +59,6 @@ def _output_type(arch: str, task: str):
         return mo.ImageClassifierOutput
     return {"bert": mo.BaseModelOutputWithPoolingAndCrossAttentions, "modernbert": mo.BaseModelOutput,
             "vit": mo.BaseModelOutputWithPooling}[arch]
-
-
-def _dropouts(config) -> list[str]:
-    return [f"{k}={v}" for k, v in sorted(config.to_dict().items())
-            if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
 
 
 def _needs_column0(arch: str, task: str, fe) -> bool:
@@ -82,18 +89,9 @@ def _left_padding_reasons(arch: str, fe, mask) -> list[str]:
 def _reasons(self, a: dict, arch: str) -> list[str]:
     """Why the fastenc path cannot serve this call exactly (empty: it can)."""
     out = []
-    grads = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-    if self.training:
-        if grads:
-            out.append("training mode: fastenc's training path is not available for this model")
-        drop = _dropouts(self.config)
-        if drop:
-            out.append(f"training mode with dropout ({', '.join(drop)}): fastenc's forward has no dropout")
-    elif grads:
-        out.append("gradients: grad mode is on and the model has parameters that require grad, and fastenc's "
-                   "forward records no gradients (call it under torch.inference_mode() or torch.no_grad())")
+    handled = _HANDLED[arch] | ({"labels"} if type(self)._fastenc_kind[1] != "base" else set())
     for k, v in a.items():
-        if k in _HANDLED[arch] or v is None or v is False:
+        if k in handled or v is None or v is False:
             continue
         out.append(_WHY.get(k) or (f"{k}={v!r} is not supported" if isinstance(v, (bool, int, float, str))
                                    else f"argument {k!r} is not supported"))
@@ -131,40 +129,108 @@ def _fast_forward(self, *args, **kwargs):
         _warn(self, reasons)
         return type(self).__mro__[1].forward(self, *args, **kwargs)
     fe = self.__dict__["_fastenc"]
+    if fe.training != self.training:
+        fe.train(self.training)
     return_dict = a.get("return_dict")
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
+    with _weights(self, fe):
+        out = _run(self, fe, arch, task, a)
+    if task != "base" and out.loss is not None:
+        self.config.problem_type = getattr(fe.config, "problem_type", None) or self.config.problem_type
+    return out if return_dict else out.to_tuple()
+
+
+def _run(self, fe, arch: str, task: str, a: dict):
+    """The fastenc forward of one call, as transformers' output type (labels checked before any work)."""
     out_cls = _output_type(arch, task)
+    labels, nib = a.get("labels"), a.get("num_items_in_batch")
     if arch == "vit":
         pv = a.get("pixel_values")
         if task == "base":
             x, batch = fe(pv, return_packed=True)
             hidden = batch.pad(x)
-            out = out_cls(last_hidden_state=hidden, pooler_output=fe.pool(hidden) if fe.pooler is not None else None)
-        else:
-            out = out_cls(logits=fe(pv))
-        return out if return_dict else out.to_tuple()
+            return out_cls(last_hidden_state=hidden, pooler_output=fe.pool(hidden) if fe.pooler is not None else None)
+        return fe(pv, labels=labels, num_items_in_batch=nib) if labels is not None else out_cls(logits=fe(pv))
     ids, mask, types = a.get("input_ids"), a.get("attention_mask"), a.get("token_type_ids")
-    if task == "token_classification":
-        out = out_cls(logits=fe(ids, mask, types) if arch == "bert" else fe(ids, mask))
-    elif task == "sequence_classification" and arch == "modernbert" and fe.config.classifier_pooling == "mean":
-        out = out_cls(logits=fe(ids, mask))
-    else:  # column 0 as transformers reads it, padding or not
-        x, batch, first = fe._run(ids, mask, types, column0=True) if arch == "bert" else \
-            fe._run(ids, mask, column0=True)
-        if task == "sequence_classification":
-            pooled = torch.tanh(fe.pooler(first)) if arch == "bert" else fe.head(first)
-            out = out_cls(logits=fe.classifier(pooled))
-        else:
-            hidden = batch.pad(x)
-            if batch.indices is not None:  # (a new tensor: padding was re-inserted)
-                hidden[:, 0] = first
-            if arch == "bert":
-                out = out_cls(last_hidden_state=hidden,
-                              pooler_output=torch.tanh(fe.pooler(first)) if fe.pooler is not None else None)
-            else:
-                out = out_cls(last_hidden_state=hidden)
-    return out if return_dict else out.to_tuple()
+    text = (ids, mask, types) if arch == "bert" else (ids, mask)
+    if task == "token_classification" or (task == "sequence_classification" and arch == "modernbert"
+                                          and fe.config.classifier_pooling == "mean"):
+        return fe(*text, labels=labels) if labels is not None else out_cls(logits=fe(*text))
+    # column 0 as transformers reads it, padding or not
+    kind = None
+    if labels is not None:
+        kind = heads.check_sequence_labels(type(self).__name__, fe.config, labels, heads.grid(ids)[0])
+    x, batch, first = fe._run(*text, column0=True)
+    if task == "sequence_classification":
+        logits = fe.classify(first)
+        loss = None if labels is None else heads.sequence_loss(fe.config, kind, logits, labels)
+        return out_cls(loss=loss, logits=logits)
+    hidden = batch.pad(x)
+    if batch.indices is not None:  # (a new tensor: padding was re-inserted)
+        hidden[:, 0] = first
+    if arch == "bert":
+        return out_cls(last_hidden_state=hidden,
+                       pooler_output=torch.tanh(fe.pooler(first)) if fe.pooler is not None else None)
+    return out_cls(last_hidden_state=hidden)
+
+
+def _live(self, entries) -> dict:
+    """fastenc parameter name -> its value computed from transformers' parameters (differentiable)."""
+    params = dict(self.named_parameters())
+    out = {}
+    for fe_name, hs, kind in entries:
+        ts = [params[h] for h in hs]
+        if kind == "copy":
+            out[fe_name] = ts[0]
+        elif kind == "qkv":
+            out[fe_name] = torch.cat(ts, 0)
+        else:  # "patch"
+            out[fe_name] = ts[0].reshape(ts[0].shape[0], -1)
+    return out
+
+
+@contextlib.contextmanager
+def _weights(self, fe):
+    """Run fe on transformers' current parameters: swapped in for the call when autograd records it, else fe's
+    own tensors (shared with transformers') with every derived one (fused QKV) refreshed if its sources changed."""
+    entries = self.__dict__["_fastenc_entries"]
+    if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+        live = _live(self, entries)
+        owners = {}
+        for name, value in live.items():
+            mod_name, _, attr = name.rpartition(".")
+            mod = fe.get_submodule(mod_name) if mod_name else fe
+            owners[name] = (mod, attr, mod._parameters[attr])
+            mod._parameters[attr] = value
+        try:
+            yield
+        finally:
+            for mod, attr, old in owners.values():
+                mod._parameters[attr] = old
+        return
+    _refresh(self, fe, entries)
+    yield
+
+
+def _refresh(self, fe, entries) -> None:
+    """Copy transformers' parameters into fe's tensors that are not the same memory, when they changed since the
+    last copy (their version counters: an optimizer step or load_state_dict bumps them)."""
+    params = dict(self.named_parameters())
+    seen = self.__dict__.setdefault("_fastenc_versions", {})
+    mine = dict(fe.named_parameters())
+    stale = []
+    for fe_name, hs, kind in entries:
+        key = tuple((params[h]._version, params[h].data_ptr()) for h in hs)
+        if seen.get(fe_name) != key:
+            p = mine[fe_name]
+            if kind != "copy" or p.data_ptr() != params[hs[0]].data_ptr():
+                stale.append((fe_name, hs, kind))
+            seen[fe_name] = key
+    if stale:
+        with torch.inference_mode(False), torch.no_grad():
+            for fe_name, value in _live(self, stale).items():
+                mine[fe_name].copy_(value)
 
 
 def _apply(self, fn, *args, **kwargs):
@@ -172,6 +238,7 @@ def _apply(self, fn, *args, **kwargs):
     res = type(self).__mro__[1]._apply(self, fn, *args, **kwargs)
     if self.__dict__.get("_fastenc") is not None:
         self.__dict__["_fastenc"] = from_hf(self, copy=self.__dict__.get("_fastenc_copy", False))
+        self.__dict__["_fastenc_versions"] = {}
     return res
 
 
@@ -207,4 +274,8 @@ def accelerate(hf_model, copy: bool = False):
             obj.__dict__[k] = type(obj.__dict__[k])(obj.__dict__[k])
     obj.__dict__["_fastenc"] = fe
     obj.__dict__["_fastenc_copy"] = copy
+    arch, task = SUPPORTED[name]
+    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
+    obj.__dict__["_fastenc_entries"] = convert.MAPS[arch](fe.config, task, prefix)
+    obj.__dict__["_fastenc_versions"] = {}
     return obj

@@ -1,5 +1,6 @@
 """fastenc.accelerate: same forward signature and output type as the transformers module, no global patching; the
-fastenc path provably runs (fastenc::attention in the profiler) and every fallback to transformers is announced."""
+fastenc path provably runs (fastenc::attention in the profiler), in inference and in training (labels, dropout,
+gradients on transformers' parameters), and every fallback to transformers is announced."""
 from __future__ import annotations
 
 import inspect
@@ -79,70 +80,74 @@ def test_same_signature_output_type_and_fastenc_ran(arch, task, out_type):
     assert isinstance(tup, tuple) and torch.equal(tup[0], getattr(out, _key(task)))
 
 
-@pytest.mark.parametrize("arch,task", [(a, t) for a, t, _ in CASES], ids=IDS)
-def test_training_mode_falls_back_with_a_warning(arch, task):
-    hf = _make(arch, task, hidden_dropout_prob=0.1) if arch != "modernbert" else _make(arch, task, mlp_dropout=0.1)
-    acc = fastenc.accelerate(hf)
-    acc.train()
-    inp = _inputs(arch)
-    with torch.no_grad(), pytest.warns(FallbackWarning, match=r"training mode with dropout \(.*dropout.*=0.1"):
-        _, fast = ran_fastenc(lambda: acc(**inp))
-    assert not fast
-    with pytest.warns(FallbackWarning, match="training mode: fastenc's training path is not available"):
-        out, fast = ran_fastenc(lambda: acc(**inp))
-    assert not fast and getattr(out, _key(task)).requires_grad  # the transformers forward, with its graph
-    with warnings.catch_warnings():  # once per reason
-        warnings.simplefilter("error", FallbackWarning)
-        acc(**inp)
+def _grads_by_name(model) -> dict:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-def test_model_built_directly_is_accelerated_once_in_eval():
-    # A transformers model built from a config starts in training mode (dropout 0.1): accelerate says so.
-    cfg = _hf.transformers.BertConfig(vocab_size=211, hidden_size=48, num_hidden_layers=1, num_attention_heads=3,
-                                      intermediate_size=100, attn_implementation="eager")
-    hf = _hf.transformers.BertModel(cfg)
-    assert hf.training
+
+@pytest.mark.parametrize("arch,task", [(a, t) for a, t, _ in CASES if t != "base"],
+                         ids=[i for i, c in zip(IDS, CASES) if c[1] != "base"])
+def test_training_runs_fastenc_with_labels_and_gradients_reach_transformers_parameters(arch, task):
+    # Dropout off: the loss and every gradient (on transformers' own parameters) equal transformers' own.
+    off = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0) if arch != "modernbert" else {}
+    hf = _make(arch, task, **off).train()
+    acc = fastenc.accelerate(hf).train()
+    inp = _inputs(arch)
+    b = next(iter(inp.values())).shape[0]
+    n = hf.config.num_labels
+    if task == "token_classification":
+        inp["labels"] = torch.randint(0, n, inp["input_ids"].shape).masked_fill(inp["attention_mask"] == 0, -100)
+    else:
+        inp["labels"] = torch.randint(0, n, (b,))
+    ref = hf(**inp)
+    ref.loss.backward()
+    want = _grads_by_name(hf)
+    hf.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        out, fast = ran_fastenc(lambda: acc(**inp))
+    assert fast and type(out).__name__ == type(ref).__name__
+    assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
+    out.loss.backward()
+    got = _grads_by_name(hf)
+    assert set(got) == set(want)
+    scale = max(float(g.abs().max()) for g in want.values())
+    for name, g in want.items():
+        assert float((got[name] - g).abs().max()) <= 1e-4 * max(float(g.abs().max()), 1e-3 * scale), name
+
+
+def test_dropout_in_training_mode_runs_fastenc_and_eval_turns_it_off():
+    hf = _make("bert", "base", hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2).train()
     acc = fastenc.accelerate(hf)
     ids, mask, _ = _hf.text_batch([7, 3], seed=2)
-    with torch.no_grad():
-        with pytest.warns(FallbackWarning, match="training mode with dropout"):
-            _, fast = ran_fastenc(lambda: acc(ids, attention_mask=mask))
-        assert not fast
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        (a, fast), (b, _) = (ran_fastenc(lambda: acc(ids, attention_mask=mask)) for _ in range(2))
+        assert fast and not torch.equal(a.last_hidden_state, b.last_hidden_state)  # dropout drew new masks
         acc.eval()
-        hf.eval()
         out, fast = ran_fastenc(lambda: acc(ids, attention_mask=mask))
-        ref = hf(ids, attention_mask=mask)
+        ref = hf.eval()(ids, attention_mask=mask)
     assert fast
     _close(out.last_hidden_state, ref.last_hidden_state, mask)
 
 
-def test_training_mode_without_dropout_or_gradients_runs_fastenc():
-    hf = _make("bert", "sequence_classification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    acc = fastenc.accelerate(hf).train()
-    inp = _inputs("bert")
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        out, fast = ran_fastenc(lambda: acc(**inp))
-        ref = hf.eval()(**inp)
-    assert fast
-    _close(out.logits, ref.logits)
-
-
-def test_gradients_in_eval_mode_fall_back_with_a_warning():
-    hf = _make("bert", "base")
+def test_an_optimizer_step_on_transformers_parameters_is_seen_without_gradients():
+    # The fused QKV weight is fastenc's own tensor in no-grad calls: it is refreshed when q, k or v change.
+    hf = _make("bert", "sequence_classification")
     acc = fastenc.accelerate(hf)
     inp = _inputs("bert")
-    with pytest.warns(FallbackWarning, match="gradients: .*torch.inference_mode"):
+    with torch.no_grad():
+        acc(**inp)
+        hf.bert.encoder.layer[0].attention.self.key.weight.mul_(1.5)
+        hf.bert.encoder.layer[1].attention.self.value.bias.add_(0.2)
         out, fast = ran_fastenc(lambda: acc(**inp))
-    assert not fast and out.last_hidden_state.requires_grad
-    with torch.inference_mode():
-        _, fast = ran_fastenc(lambda: acc(**inp))
+        ref = hf(**inp)
     assert fast
+    _close(out.logits, ref.logits)
 
 
 OPTIONS = [
     ("output_hidden_states", lambda ids: {"output_hidden_states": True}, "output_hidden_states=True is not supported"),
     ("output_attentions", lambda ids: {"output_attentions": True}, "output_attentions=True is not supported"),
-    ("labels", lambda ids: {"labels": torch.tensor([1, 4])}, r"labels= \(the loss\) is not supported"),
     ("position_ids", lambda ids: {"position_ids": torch.arange(ids.shape[1]).expand_as(ids)},
      "explicit position_ids are not supported"),
     ("mask4d", lambda ids: {"attention_mask": torch.ones(ids.shape[0], 1, ids.shape[1], ids.shape[1])},
@@ -161,8 +166,6 @@ def test_unserved_options_fall_back_with_a_warning(name, extra, match):
             out, fast = ran_fastenc(lambda: acc(ids, **kw))
         ref = hf(ids, **kw)
     assert not fast and torch.equal(out.logits, ref.logits)
-    if name == "labels":
-        assert out.loss is not None and torch.equal(out.loss, ref.loss)
 
 
 def test_config_flags_and_vit_options_fall_back_with_a_warning():

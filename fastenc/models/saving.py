@@ -1,0 +1,72 @@
+"""model.save_pretrained(folder): a transformers-layout folder (config.json + model.safetensors) through the inverse
+weight map, which transformers' from_pretrained (and fastenc.from_pretrained) loads with the same weights.
+
+The config is the Hugging Face config the model was read from (its dropouts, labels and problem type updated), or,
+for a model built from a fastenc config, one made from the fastenc fields (ModernBERT's RoPE thetas as
+rope_parameters per layer type).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from fastenc.models import convert
+
+# fastenc fields with no transformers config key of the same meaning.
+_FASTENC_ONLY = {"hf_config", "add_pooling_layer", "rope_theta_global", "rope_theta_local"}
+
+
+def hf_class_name(arch: str, task: str) -> str:
+    from fastenc.models.loading import SUPPORTED
+
+    return next(name for name, kind in SUPPORTED.items() if kind == (arch, task))
+
+
+def hf_config_dict(cfg, arch: str, task: str, dtype: torch.dtype) -> dict:
+    """The config.json of a saved model (JSON-serializable)."""
+    mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _FASTENC_ONLY}
+    if arch == "modernbert":
+        mine["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_global},
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_local}}
+    out = dict(cfg.hf_config) if cfg.hf_config is not None else {}
+    out.update(mine)
+    labels = cfg.id2label or {i: f"LABEL_{i}" for i in range(cfg.num_labels)}
+    out["id2label"] = {str(k): v for k, v in labels.items()}
+    out["label2id"] = {v: int(k) for k, v in labels.items()}
+    out["architectures"] = [hf_class_name(arch, task)]
+    out["model_type"] = arch
+    out["dtype"] = str(dtype).removeprefix("torch.")
+    out.pop("torch_dtype", None)
+    return json.loads(json.dumps(out, default=str))
+
+
+class SaveMixin:
+    """save_pretrained for the fastenc models (config.model_type, task and the weight maps in convert.py)."""
+
+    def save_pretrained(self, folder) -> Path:
+        """Write config.json and model.safetensors under transformers' names into `folder` (created if needed);
+        both files are written under temporary names first and renamed when complete. Returns the folder."""
+        from safetensors.torch import save_file
+
+        cfg, arch, task = self.config, self.config.model_type, self.task
+        prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
+        entries = convert.MAPS[arch](cfg, task, prefix)
+        with torch.no_grad():
+            state = {k: v.detach() for k, v in self.state_dict().items()}
+            hf = convert.fastenc_to_hf(entries, state, cfg)
+            hf = {k: v.to("cpu").contiguous().clone() for k, v in hf.items()}  # (safetensors: no shared memory)
+        dtype = next(iter(hf.values())).dtype
+        config = hf_config_dict(cfg, arch, task, dtype)
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp_w, tmp_c = folder / ".model.safetensors.tmp", folder / ".config.json.tmp"
+        save_file(hf, str(tmp_w), metadata={"format": "pt"})
+        tmp_c.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp_w, folder / "model.safetensors")
+        os.replace(tmp_c, folder / "config.json")
+        return folder
