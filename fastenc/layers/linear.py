@@ -5,6 +5,9 @@ out of the GEMM when the next op fuses it (`forward(x, with_bias=False)` then e.
 On CPU the output comes from fastenc's buffer cache (fastenc.extension.buffer_empty) once the extension's cpu half
 is loaded and the registry allows the cpu backend for the call (not under use_backend("reference")), so a model's
 layers reuse the same memory instead of faulting in fresh pages for every GEMM output.
+In inference on CPU (fp32, grad off, enough rows: fastenc.layers.prepack.use_packed) the GEMM runs on a packed
+copy of the weight (oneDNN's layout, built at first use and rebuilt when the weight changes); `weight` itself
+stays the plain tensor that state_dict, LoRA merge and training see.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc import extension, registry
+from fastenc.layers import prepack
 
 
 class Linear(nn.Module):
@@ -29,6 +33,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         w = self.weight
+        if prepack.use_packed(x, w):
+            return prepack.linear(x, self._packed(w)[0], bias)
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"
                 and registry.backend_allowed("cpu")):
             out = extension.buffer_empty((x.shape[0], self.out_features), x)
@@ -36,13 +42,43 @@ class Linear(nn.Module):
                 return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
         return F.linear(x, w, bias)
 
+    def _packed(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
+        cache = self.__dict__.get("_pack")
+        if cache is None:  # (kept out of __init__: a subclass or a copy made without it still packs)
+            cache = self.__dict__["_pack"] = prepack.PackCache()
+        return cache.get(w, parts)
+
+    def planes(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+        """x @ weight.T (+ bias) cut into `parts` equal column blocks, each a contiguous (tokens, out/parts)
+        tensor (e.g. q, k, v of a fused QKV projection, each a GEMM of its own row block of the weight, so no
+        block is left interleaved per token). CPU; x: (tokens, in)."""
+        w, b = self.weight, self.bias
+        n = self.out_features // parts
+        t = x.shape[0]
+        if prepack.use_packed(x, w):
+            return tuple(prepack.linear(x, pw, None if b is None else b[i * n:(i + 1) * n])
+                         for i, pw in enumerate(self._packed(w, parts)))
+        out = extension.buffer_empty((parts, t, n), x) if registry.backend_allowed("cpu") else None
+        if out is None:
+            out = x.new_empty(parts, t, n)
+        wv = w.view(parts, n, -1)
+        for i in range(parts):
+            if b is None:
+                torch.mm(x, wv[i].t(), out=out[i])
+            else:
+                torch.addmm(b[i * n:(i + 1) * n], x, wv[i].t(), out=out[i])
+        return out.unbind(0)
+
     def output_bias(self) -> torch.Tensor | None:
         """The bias forward() adds (a caller that runs forward(x, with_bias=False) fuses this one elsewhere)."""
         return self.bias
 
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out += x @ weight.T (no bias), in place: one GEMM with beta = 1, so a residual sum needs no pass of its
-        own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features)."""
+        """out + x @ weight.T (no bias), the sum formed by the GEMM: the plain path adds in place into `out`
+        (beta = 1, no pass of its own, the output buffer not zeroed first); the packed path forms it in the GEMM's
+        epilogue into a new tensor. Callers use the returned tensor. x: (tokens, in); out: (tokens, out_features)."""
+        if prepack.use_packed(x, self.weight) and out.dtype == torch.float32 and out.device.type == "cpu":
+            return prepack.linear_add(x, self._packed(self.weight)[0], out)
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
             return out.addmm_(x, self.weight.t())
         return out.add_(F.linear(x, self.weight))
