@@ -3,7 +3,7 @@
 For each model linear shape (K in, N out) and token count M, times y = x @ W.T + b three ways, interleaved round
 by round in one process: `plain` (torch.addmm into a preallocated output, fastenc's unpacked path), `packed`
 (oneDNN on the weight packed once, fastenc.layers.prepack.linear), and the residual form out += x @ W.T:
-`plain-acc` (addmm_ with beta 1) vs `packed-acc` (prepack.linear_add). Reports medians, the paired ratio
+`plain-acc` (addmm_ with beta 1) vs `packed-acc` (oneDNN's binary add post-op into a new tensor). Reports medians, the paired ratio
 plain/packed (median over rounds; > 1: packing wins) with its 20-80% spread, GFLOP/s, and the max relative
 difference packed vs plain.
 
@@ -41,7 +41,7 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0) -> dict:
     got = prepack.linear(x, packed, b)
     rel = float((got - ref).abs().max() / ref.abs().max())
     fns = {"plain": lambda: torch.addmm(b, x, w.t(), out=out), "packed": lambda: prepack.linear(x, packed, b),
-           "plain-acc": lambda: acc.addmm_(x, w.t()), "packed-acc": lambda: prepack.linear_add(x, packed, acc)}
+           "plain-acc": lambda: acc.addmm_(x, w.t()), "packed-acc": lambda: torch.ops.mkldnn._linear_pointwise.binary(x, acc, packed, None, "add")}
     reps = max(1, min(50, int(2e8 / (2 * m * k * n))))  # calls per sample: ~0.2 GFLOP a sample, a few ms
 
     def batched(fn):

@@ -335,10 +335,12 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
 
 def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[str], *, quick: bool,
               threads: int, log: Callable[[str], None] = print, tick: Callable[[], None] | None = None,
-              step: Callable[[str], None] = lambda msg: None, breakdown: bool = False) -> dict:
+              step: Callable[[str], None] = lambda msg: None, breakdown: bool = False,
+              only: list[str] | None = None) -> dict:
     """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'latency_rows', 'breakdown',
     'skipped', 'errors', 'failed'} ('failed': fastenc's own providers that could not be built or run, which fail
-    the benchmark)."""
+    the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the batch-1 latency
+    workloads always run."""
     step("build")
     hf = spec.build().eval()
     hf.set_attn_implementation("sdpa")
@@ -348,7 +350,8 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed)
         step("check outputs")
         errors = verify(spec, hf, fns, skipped, device, failed)
-        rows, lat_rows, parts = _time_workloads(spec, fns, workloads(spec, vocab), device, quick, tick, step,
+        loads = {w: v for w, v in workloads(spec, vocab).items() if only is None or w in only or w in LATENCY}
+        rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
                                                 breakdown and device == "cpu")
     del hf
     fns.clear()  # the next model starts without this one's models or cached fastenc buffers

@@ -85,13 +85,14 @@ def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
             report.plot_roofline(out / "kernels_roofline.png", timed, ceil, f"kernel roofline ({where})")]
 
 
-def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False) -> dict:
+def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
+                        only=None) -> dict:
     """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
     an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
     transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
     spec = json.dumps({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
                        "providers": list(wanted), "quick": bool(quick), "threads": int(threads),
-                       "breakdown": bool(breakdown)})
+                       "breakdown": bool(breakdown), "only": only})
     proc = subprocess.Popen([sys.executable, "-m", "fastenc.benchmark.isolated", spec], stdout=subprocess.PIPE,
                             text=True)
     result, error = None, None
@@ -116,16 +117,21 @@ def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, 
     return result
 
 
-def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False) -> dict:
+def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
+                    only=None) -> dict:
     return _models.run_model(_models.MODELS[name], device, dtype, wanted, quick=quick, threads=threads, log=log,
-                             tick=tick, step=step, breakdown=breakdown)
+                             tick=tick, step=step, breakdown=breakdown, only=only)
 
 
 def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
                  compile_hf: bool = True, plots: bool = True, note: str | None = None,
-                 isolate: bool | None = None, breakdown: bool = False) -> dict:
+                 isolate: bool | None = None, breakdown: bool = False, workloads: list[str] | None = None) -> dict:
     """isolate: each model in its own process (default when more than one model runs); breakdown: where the
-    batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency)."""
+    batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency); workloads: the throughput
+    workloads to run (fixed, varlen; default both; the batch-1 latency always runs)."""
+    bad = sorted(set(workloads or ()) - {"fixed", "varlen", "latency"})
+    if bad:
+        raise _kernels.UsageError(f"--workloads: unknown {bad}; known: fixed, varlen, latency")
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
@@ -149,7 +155,8 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     meta["process_per_model"] = isolate
     t0 = time.perf_counter()
     results = []
-    steps = ["build", "check outputs", "batch-1 latency", "fixed workload", "varlen workload"]
+    steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in ("fixed", "varlen")
+                                                             if workloads is None or w in workloads]
     bar = tqdm(total=len(names) * len(steps), desc="models", unit="step", file=sys.stderr, dynamic_ncols=True)
     for n in names:
         done = [0]
@@ -162,7 +169,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
 
         run = _run_model_isolated if isolate else _run_model_here
         results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step,
-                           breakdown=breakdown))
+                           breakdown=breakdown, only=workloads))
         bar.update(len(steps) - done[0] + 1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]
@@ -174,7 +181,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     out.mkdir(parents=True, exist_ok=True)
     files = [report.write_json(out / "models.json", payload), report.write_csv(out / "models.csv", rows),
              report.write_csv(out / "models_latency.csv", lat_rows)]
-    if plots:
+    if plots and rows:
         files += _model_plots(out, rows, meta)
     print(model_table(results))
     print(latency_table(results))

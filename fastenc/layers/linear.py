@@ -74,11 +74,9 @@ class Linear(nn.Module):
         return self.bias
 
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """out + x @ weight.T (no bias), the sum formed by the GEMM: the plain path adds in place into `out`
-        (beta = 1, no pass of its own, the output buffer not zeroed first); the packed path forms it in the GEMM's
-        epilogue into a new tensor. Callers use the returned tensor. x: (tokens, in); out: (tokens, out_features)."""
-        if prepack.use_packed(x, self.weight) and out.dtype == torch.float32 and out.device.type == "cpu":
-            return prepack.linear_add(x, self._packed(self.weight)[0], out)
+        """out += x @ weight.T (no bias), in place: one GEMM with beta = 1, so a residual sum needs no pass of its
+        own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features).
+        (Always the plain GEMM: with beta = 1 it beats the packed one, which cannot accumulate in place.)"""
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
             return out.addmm_(x, self.weight.t())
         return out.add_(F.linear(x, self.weight))

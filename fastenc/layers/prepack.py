@@ -4,12 +4,15 @@ weight freezing uses) and multiplied by torch.ops.mkldnn._linear_pointwise, so n
 the way an unpacked sgemm does on every call.
 
 When the packed path runs (`use_packed`): CPU, fp32 activations and weight, x 2-D, at least MIN_TOKENS rows,
-grad disabled (torch.no_grad / inference_mode) and the weight not requiring grad, not under torch.compile
+a weight of at least MIN_WEIGHT elements (in x out), grad disabled (torch.no_grad / inference_mode) and the weight not requiring grad, not under torch.compile
 tracing, weight not an inference tensor (its in-place writes would go unseen), FASTENC_PREPACK not "0", and the
 registry admitting the cpu backend (not under use_backend("reference")). Everything else, training included,
-takes the plain torch GEMM. MIN_TOKENS comes from `fastenc bench gemm` (bench/results/latency/gemm_pack.json):
-below it the packed call's fixed cost is not repaid (at 1 row it loses), from it on it wins at the BERT-base and
-MiniLM shapes.
+takes the plain torch GEMM, and so does the residual form out += x @ W.T (Linear.accumulate_: addmm_ with
+beta = 1 measured faster than oneDNN's sum post-op into a new tensor). The thresholds come from
+`python -m fastenc.benchmark.gemm_pack` (bench/results/latency/gemm_pack.json, plain vs packed interleaved per
+shape): at 1 row the packed call loses several-fold (oneDNN's fixed cost per call), around 8-32 rows the two are
+close, from 128 rows on packing wins at every BERT-base and MiniLM shape (most at 128-512 rows, a few per cent
+at 2048); a small weight (a test model's 64 x 64) gains nothing to repay the per-call cost.
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
@@ -26,6 +29,7 @@ import torch
 from fastenc import registry
 
 MIN_TOKENS = 16  # rows of x from which the packed GEMM is used (the measured crossover; see the module docstring)
+MIN_WEIGHT = 1 << 17  # in x out elements from which a weight is packed (MiniLM's 384 x 384 blocks: 147,456)
 
 
 class PackCache:
@@ -67,7 +71,7 @@ def _enabled() -> bool:
 
 def use_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether y = x @ w.T takes the packed GEMM (the rule in the module docstring). x: (rows, in); w: (out, in)."""
-    return (x.dim() == 2 and x.shape[0] >= MIN_TOKENS and x.dtype == torch.float32 and w.dtype == torch.float32
+    return (x.dim() == 2 and x.shape[0] >= MIN_TOKENS and w.numel() >= MIN_WEIGHT and x.dtype == torch.float32 and w.dtype == torch.float32
             and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
             and not w.requires_grad and not w.is_inference() and not torch.compiler.is_compiling()
             and _enabled() and registry.backend_allowed("cpu"))
@@ -77,8 +81,3 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
     """x @ W.T (+ bias) with W packed by PackCache. x: (rows, in) fp32 -> (rows, out) fp32, a new tensor."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
-
-def linear_add(x: torch.Tensor, packed: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """other + x @ W.T, the sum formed in the GEMM's epilogue (oneDNN's binary add post-op). x: (rows, in);
-    other: (rows, out) fp32 -> a new (rows, out) tensor."""
-    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, None, "add")

@@ -61,9 +61,9 @@ class BertLayer(nn.Module):
         """x: (tokens, hidden), a buffer of this model's own (the embeddings' or the previous layer's output): it
         is overwritten."""
         o = self.attn.attend(x, cu_seqlens, max_seqlen)
-        x = self.attn.Wo.accumulate_(o, x)
+        self.attn.Wo.accumulate_(o, x)
         x = self.attn_norm(x, input_bias=self.attn.Wo.output_bias())
-        x = self.mlp.fc2.accumulate_(self.mlp.hidden(x), x)
+        self.mlp.fc2.accumulate_(self.mlp.hidden(x), x)
         return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias())
 
 

@@ -35,8 +35,8 @@ def _ref(x, lin, bias=True):
 
 
 @needs_onednn
-@pytest.mark.parametrize("m,k,n", [(16, 96, 1002), (17, 1000, 39), (129, 384, 1152)],
-                         ids=["16x96x1002", "17x1000x39", "129x384x1152"])
+@pytest.mark.parametrize("m,k,n", [(16, 160, 1002), (17, 1000, 141), (129, 384, 1152)],
+                         ids=["16x160x1002", "17x1000x141", "129x384x1152"])
 def test_packed_matches_plain(m, k, n):
     lin = _linear(k, n)
     x = testing.randn(m, k)
@@ -55,11 +55,12 @@ def test_packed_matches_plain(m, k, n):
 
 
 def test_rule():
-    lin = _linear(64, 48)
-    big, small = testing.randn(prepack.MIN_TOKENS, 64), testing.randn(prepack.MIN_TOKENS - 1, 64)
+    lin = _linear(256, prepack.MIN_WEIGHT // 256)
+    big, small = testing.randn(prepack.MIN_TOKENS, 256), testing.randn(prepack.MIN_TOKENS - 1, 256)
     with torch.no_grad():
         assert prepack.use_packed(big, lin.weight) == torch.backends.mkldnn.is_available()
         assert not prepack.use_packed(small, lin.weight)                 # too few rows to repay the call
+        assert not prepack.use_packed(big, lin.weight[:-1])              # too small a weight
         assert not prepack.use_packed(big.double(), lin.weight.double())  # fp32 only
         assert not prepack.use_packed(big.unsqueeze(0), lin.weight)       # 2-D x only
         with fastenc.use_backend("reference"):
@@ -77,8 +78,8 @@ def test_rule():
 
 @needs_onednn
 def test_pack_follows_weight_changes():
-    lin = _linear(40, 56)
-    x = testing.randn(33, 40)
+    lin = _linear(400, 560)
+    x = testing.randn(33, 400)
     with torch.inference_mode():
         lin(x)
     first = lin.__dict__["_pack"].packed
@@ -87,10 +88,10 @@ def test_pack_follows_weight_changes():
     with torch.inference_mode():
         testing.assert_close(lin(x), _ref(x, lin))
         assert lin.__dict__["_pack"].packed is not first
-    lin.weight = torch.nn.Parameter(testing.randn(56, 40), requires_grad=False)       # replaced
+    lin.weight = torch.nn.Parameter(testing.randn(560, 400), requires_grad=False)       # replaced
     with torch.inference_mode():
         testing.assert_close(lin(x), _ref(x, lin))
-    lin.weight.data = testing.randn(56, 40)                    # storage swapped under the same object
+    lin.weight.data = testing.randn(560, 400)                    # storage swapped under the same object
     with torch.inference_mode():
         testing.assert_close(lin(x), _ref(x, lin))
     lin.double()
@@ -103,8 +104,8 @@ def test_pack_follows_weight_changes():
 
 @needs_onednn
 def test_training_after_packing_sees_plain_weights():
-    lin = _linear(24, 30)
-    x = testing.randn(20, 24)
+    lin = _linear(240, 600)
+    x = testing.randn(20, 240)
     with torch.inference_mode():
         lin(x)
     assert _packed_parts(lin) == 1
