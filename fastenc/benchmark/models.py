@@ -336,11 +336,11 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
 def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[str], *, quick: bool,
               threads: int, log: Callable[[str], None] = print, tick: Callable[[], None] | None = None,
               step: Callable[[str], None] = lambda msg: None, breakdown: bool = False,
-              only: list[str] | None = None) -> dict:
+              only: list[str] | None = None, rounds: int | None = None) -> dict:
     """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'latency_rows', 'breakdown',
     'skipped', 'errors', 'failed'} ('failed': fastenc's own providers that could not be built or run, which fail
     the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the batch-1 latency
-    workloads always run."""
+    workloads always run. rounds: timed batch-1 rounds (default 5 quick, else 20 and more up to 5 s, at most 50)."""
     step("build")
     hf = spec.build().eval()
     hf.set_attn_implementation("sdpa")
@@ -352,7 +352,7 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         errors = verify(spec, hf, fns, skipped, device, failed)
         loads = {w: v for w, v in workloads(spec, vocab).items() if only is None or w in only or w in LATENCY}
         rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
-                                                breakdown and device == "cpu")
+                                                breakdown and device == "cpu", rounds)
     del hf
     fns.clear()  # the next model starts without this one's models or cached fastenc buffers
     from fastenc import extension
@@ -363,7 +363,7 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
             "skipped": skipped, "errors": errors, "failed": failed}
 
 
-def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False):
+def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False, rounds=None):
     """(throughput rows, latency rows, breakdown {workload: {provider: ...}})."""
     rows: list[dict] = []
     if not fns:
@@ -379,9 +379,8 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
 
     # batch-1 latency first: it doubles as the warm-up of every provider
     step("batch-1 latency")
-    lats = {w: timing.interleaved(bind(w), device, warmup=1,
-                                  repeats=5 if quick else 20, min_time_s=0 if quick else 5, max_repeats=50,
-                                  on_round=tick)
+    lats = {w: timing.interleaved(bind(w), device, warmup=1, repeats=rounds or (5 if quick else 20),
+                                  min_time_s=0 if quick or rounds else 5, max_repeats=50, on_round=tick)
             for w in LATENCY if w in loads}
     lat = lats["latency"]
     lat_rows = [_latency_row(spec, w, loads[w][2], name, s, samples)

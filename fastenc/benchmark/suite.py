@@ -86,13 +86,13 @@ def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
 
 
 def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
-                        only=None) -> dict:
+                        only=None, rounds=None) -> dict:
     """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
     an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
     transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
     spec = json.dumps({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
                        "providers": list(wanted), "quick": bool(quick), "threads": int(threads),
-                       "breakdown": bool(breakdown), "only": only})
+                       "breakdown": bool(breakdown), "only": only, "rounds": rounds})
     proc = subprocess.Popen([sys.executable, "-m", "fastenc.benchmark.isolated", spec], stdout=subprocess.PIPE,
                             text=True)
     result, error = None, None
@@ -118,14 +118,15 @@ def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, 
 
 
 def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
-                    only=None) -> dict:
+                    only=None, rounds=None) -> dict:
     return _models.run_model(_models.MODELS[name], device, dtype, wanted, quick=quick, threads=threads, log=log,
-                             tick=tick, step=step, breakdown=breakdown, only=only)
+                             tick=tick, step=step, breakdown=breakdown, only=only, rounds=rounds)
 
 
 def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
                  compile_hf: bool = True, plots: bool = True, note: str | None = None,
-                 isolate: bool | None = None, breakdown: bool = False, workloads: list[str] | None = None) -> dict:
+                 isolate: bool | None = None, breakdown: bool = False, workloads: list[str] | None = None,
+                 rounds: int | None = None) -> dict:
     """isolate: each model in its own process (default when more than one model runs); breakdown: where the
     batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency); workloads: the throughput
     workloads to run (fixed, varlen; default both; the batch-1 latency always runs)."""
@@ -169,7 +170,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
 
         run = _run_model_isolated if isolate else _run_model_here
         results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step,
-                           breakdown=breakdown, only=workloads))
+                           breakdown=breakdown, only=workloads, rounds=rounds))
         bar.update(len(steps) - done[0] + 1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]
