@@ -32,6 +32,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--providers", default=None,
                    help="comma-separated providers to keep (kernels: e.g. cpu,reference,torch-eager,torch-compile; "
                         "models: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="models: where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs "
+                        "alone, fastenc's ops, other ops, Python/dispatch), under torch.profiler")
+    p.add_argument("--workloads", default=None,
+                   help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="models: timed batch-1 rounds (default: 5 with --quick, else 20, more up to 5 s)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
@@ -97,4 +104,6 @@ def _run_suite(args, suite, device, dtype, out):
                                    compile_ref=not args.no_compile, plots=not args.no_plots, note=args.note)
     return suite.bench_models(device, dtype, quick=args.quick, out=out, models=_split(args.models),
                               providers=_split(args.providers), compile_hf=not args.no_compile,
-                              plots=not args.no_plots, note=args.note, isolate=False if args.same_process else None)
+                              plots=not args.no_plots, note=args.note, isolate=False if args.same_process else None,
+                              breakdown=args.breakdown, workloads=_split(args.workloads),
+                              rounds=args.rounds)

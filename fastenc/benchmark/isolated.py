@@ -28,7 +28,8 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(spec["threads"])
         res = models.run_model(models.MODELS[spec["model"]], spec["device"], getattr(torch, spec["dtype"]),
                                spec["providers"], quick=spec["quick"], threads=spec["threads"],
-                               log=lambda m: send("log", m), tick=lambda: send("tick"), step=lambda m: send("step", m))
+                               log=lambda m: send("log", m), tick=lambda: send("tick"), step=lambda m: send("step", m),
+                               breakdown=spec.get("breakdown", False), only=spec.get("only"), rounds=spec.get("rounds"))
         send("done", res)
         return 0
     except BaseException as e:  # noqa: BLE001  (the parent raises with this message)

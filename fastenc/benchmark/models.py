@@ -5,8 +5,11 @@ ONNX Runtime on CPU (exported from the same transformers model and checked again
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
 [16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
 sequence with an attention mask, as transformers users run it). Throughput counts real tokens only.
-Batch-1 latency (1 x 128, or 1 image) p50/p95, peak memory of one fixed-workload call, ratios to baselines:
-of the medians, and paired (the median of the per-round ratios of the interleaved samples).
+Batch-1 latency (1 x 16 and 1 x 128 tokens, or 1 image) p50/p95 in rows of their own (`latency_rows`: time
+ratios to each baseline, of the p50s and paired, with the paired ratio's 20-80% spread), peak memory of one
+fixed-workload call, throughput ratios to baselines: of the medians, and paired (the median of the per-round
+ratios of the interleaved samples). breakdown=True adds where fastenc's and transformers' batch-1 time goes
+(fastenc.benchmark.latency).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from fastenc.benchmark import timing
+from fastenc.benchmark import latency, timing
 from fastenc.benchmark.kernels import varlen_lengths
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
@@ -105,7 +108,10 @@ def workloads(spec: ModelSpec, vocab: int) -> dict[str, tuple[dict, int, str]]:
     return {"fixed": (text_batch([128] * 8, vocab), 8 * 128, "8 x 128 tokens"),
             "varlen": (text_batch(lens, vocab), sum(lens), f"16 seqs, lengths U[16,384] seed 0 "
                        f"(sum {sum(lens)}, longest {max(lens)})"),
-            "latency": (text_batch([128], vocab, seed=1), 128, "1 x 128 tokens")}
+            "latency": (text_batch([128], vocab, seed=1), 128, "1 x 128 tokens"),
+            "latency-1x16": (text_batch([16], vocab, seed=2), 16, "1 x 16 tokens")}
+
+LATENCY = ("latency-1x16", "latency")  # the batch-1 workloads, timed first (they warm every provider up)
 
 
 def _hidden(out) -> torch.Tensor:
@@ -329,9 +335,12 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
 
 def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[str], *, quick: bool,
               threads: int, log: Callable[[str], None] = print, tick: Callable[[], None] | None = None,
-              step: Callable[[str], None] = lambda msg: None) -> dict:
-    """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'skipped', 'errors', 'failed'}
-    ('failed': fastenc's own providers that could not be built or run, which fail the benchmark)."""
+              step: Callable[[str], None] = lambda msg: None, breakdown: bool = False,
+              only: list[str] | None = None, rounds: int | None = None) -> dict:
+    """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'latency_rows', 'breakdown',
+    'skipped', 'errors', 'failed'} ('failed': fastenc's own providers that could not be built or run, which fail
+    the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the batch-1 latency
+    workloads always run. rounds: timed batch-1 rounds (default 5 quick, else 20 and more up to 5 s, at most 50)."""
     step("build")
     hf = spec.build().eval()
     hf.set_attn_implementation("sdpa")
@@ -341,21 +350,24 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed)
         step("check outputs")
         errors = verify(spec, hf, fns, skipped, device, failed)
-        rows = _time_workloads(spec, fns, workloads(spec, vocab), device, quick, tick, step)
+        loads = {w: v for w, v in workloads(spec, vocab).items() if only is None or w in only or w in LATENCY}
+        rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
+                                                breakdown and device == "cpu", rounds)
     del hf
     fns.clear()  # the next model starts without this one's models or cached fastenc buffers
     from fastenc import extension
     extension.empty_cache()
-    for r in rows:
+    for r in rows + lat_rows:
         r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
-    return {"model": spec.name, "note": spec.note, "rows": rows, "skipped": skipped, "errors": errors,
-            "failed": failed}
+    return {"model": spec.name, "note": spec.note, "rows": rows, "latency_rows": lat_rows, "breakdown": parts,
+            "skipped": skipped, "errors": errors, "failed": failed}
 
 
-def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
-    rows = []
+def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False, rounds=None):
+    """(throughput rows, latency rows, breakdown {workload: {provider: ...}})."""
+    rows: list[dict] = []
     if not fns:
-        return rows
+        return rows, [], {}
     moved = {w: ({k: v.to(device) for k, v in inp.items()}, units, desc) for w, (inp, units, desc) in loads.items()}
 
     def bind(w):
@@ -367,8 +379,13 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
 
     # batch-1 latency first: it doubles as the warm-up of every provider
     step("batch-1 latency")
-    lat = timing.interleaved(bind("latency"), device, warmup=1, repeats=5 if quick else 20,
-                             min_time_s=0 if quick else 5, max_repeats=50, on_round=tick)
+    lats = {w: timing.interleaved(bind(w), device, warmup=1, repeats=rounds or (5 if quick else 20),
+                                  min_time_s=0 if quick or rounds else 5, max_repeats=50, on_round=tick)
+            for w in LATENCY if w in loads}
+    lat = lats["latency"]
+    lat_rows = [_latency_row(spec, w, loads[w][2], name, s, samples)
+                for w, samples in lats.items() for name, s in samples.items()]
+    parts = _breakdowns(spec, bind, lats, quick) if breakdown else {}
     mem: dict[str, float] = {}
     per = {}
     for w in ("fixed", "varlen"):
@@ -399,7 +416,36 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step) -> list[dict]:
                     row[f"ratio_vs_{b}"] = thr[name] / thr[b]
                     row[f"paired_ratio_vs_{b}"] = paired_ratio(samples[b], s)
             rows.append(row)
-    return rows
+    return rows, lat_rows, parts
+
+
+def _latency_row(spec, workload, desc, name, s, samples) -> dict:
+    """p50/p95 of one provider's batch-1 samples; time ratios to each baseline (< 1: faster than it), of the
+    p50s and paired (median of the per-round ratios), with the paired ratio's 20% and 80% quantiles."""
+    row = {"model": spec.name, "workload": workload, "workload_desc": desc, "provider": name,
+           "p50_ms": timing.percentile(s, 0.5), "p95_ms": timing.percentile(s, 0.95), "n": len(s)}
+    for b in BASELINES:
+        if b in samples and b != name:
+            ratios = [t / u for t, u in zip(s, samples[b])]
+            row[f"time_ratio_vs_{b}"] = row["p50_ms"] / timing.percentile(samples[b], 0.5)
+            row[f"paired_time_ratio_vs_{b}"] = timing.percentile(ratios, 0.5)
+            row[f"paired_time_ratio_vs_{b}_q20_q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
+    return row
+
+
+def _breakdowns(spec, bind, lats, quick) -> dict:
+    """fastenc's and transformers sdpa's batch-1 time by category (fastenc.benchmark.latency), per workload."""
+    out: dict = {}
+    cache: dict = {}
+    for w in lats:
+        for name, call in bind(w).items():
+            if name not in ("fastenc", "hf-sdpa"):
+                continue
+            b = latency.breakdown(call, calls=2 if quick else 5)
+            b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 7, cache=cache))
+            b["p50_ms"] = timing.percentile(lats[w][name], 0.5)
+            out.setdefault(w, {})[name] = b
+    return out
 
 
 def paired_ratio(base_ms: list[float], ms: list[float]) -> float:

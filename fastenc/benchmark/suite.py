@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from fastenc.benchmark import ceilings as _ceilings
 from fastenc.benchmark import kernels as _kernels
+from fastenc.benchmark import latency
 from fastenc.benchmark import models as _models
 from fastenc.benchmark import report
 
@@ -84,12 +85,14 @@ def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
             report.plot_roofline(out / "kernels_roofline.png", timed, ceil, f"kernel roofline ({where})")]
 
 
-def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step) -> dict:
+def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
+                        only=None, rounds=None) -> dict:
     """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
     an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
     transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
     spec = json.dumps({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-                       "providers": list(wanted), "quick": bool(quick), "threads": int(threads)})
+                       "providers": list(wanted), "quick": bool(quick), "threads": int(threads),
+                       "breakdown": bool(breakdown), "only": only, "rounds": rounds})
     proc = subprocess.Popen([sys.executable, "-m", "fastenc.benchmark.isolated", spec], stdout=subprocess.PIPE,
                             text=True)
     result, error = None, None
@@ -114,15 +117,22 @@ def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, 
     return result
 
 
-def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step) -> dict:
+def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
+                    only=None, rounds=None) -> dict:
     return _models.run_model(_models.MODELS[name], device, dtype, wanted, quick=quick, threads=threads, log=log,
-                             tick=tick, step=step)
+                             tick=tick, step=step, breakdown=breakdown, only=only, rounds=rounds)
 
 
 def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
                  compile_hf: bool = True, plots: bool = True, note: str | None = None,
-                 isolate: bool | None = None) -> dict:
-    """isolate: each model in its own process (default when more than one model runs)."""
+                 isolate: bool | None = None, breakdown: bool = False, workloads: list[str] | None = None,
+                 rounds: int | None = None) -> dict:
+    """isolate: each model in its own process (default when more than one model runs); breakdown: where the
+    batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency); workloads: the throughput
+    workloads to run (fixed, varlen; default both; the batch-1 latency always runs)."""
+    bad = sorted(set(workloads or ()) - {"fixed", "varlen", "latency"})
+    if bad:
+        raise _kernels.UsageError(f"--workloads: unknown {bad}; known: fixed, varlen, latency")
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
@@ -140,12 +150,14 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     meta["workloads"] = {"fixed": "8 x 128 tokens (ViT: 8 images 224x224)",
                          "varlen": "16 sequences, lengths uniform in [16, 384], torch.Generator().manual_seed(0); "
                                    "baselines run the batch padded to its longest sequence; tokens/s counts real tokens",
-                         "latency": "batch 1: 1 x 128 tokens (ViT: 1 image), p50/p95"}
+                         "latency": "batch 1: 1 x 128 tokens (ViT: 1 image), p50/p95",
+                         "latency-1x16": "batch 1: 1 x 16 tokens, p50/p95"}
     isolate = len(names) > 1 if isolate is None else isolate
     meta["process_per_model"] = isolate
     t0 = time.perf_counter()
     results = []
-    steps = ["build", "check outputs", "batch-1 latency", "fixed workload", "varlen workload"]
+    steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in ("fixed", "varlen")
+                                                             if workloads is None or w in workloads]
     bar = tqdm(total=len(names) * len(steps), desc="models", unit="step", file=sys.stderr, dynamic_ncols=True)
     for n in names:
         done = [0]
@@ -157,18 +169,23 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
             bar.set_postfix_str(f"{n}: {msg}")
 
         run = _run_model_isolated if isolate else _run_model_here
-        results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step))
+        results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step,
+                           breakdown=breakdown, only=workloads, rounds=rounds))
         bar.update(len(steps) - done[0] + 1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]
+    lat_rows = [r for res in results for r in res.get("latency_rows", [])]
     meta["elapsed_s"] = time.perf_counter() - t0
     failed = [f"{res['model']} {p}: {why}" for res in results for p, why in res.get("failed", {}).items()]
-    payload = {"suite": "models", **meta, "providers": wanted, "models": results, "rows": rows, "failures": failed}
+    payload = {"suite": "models", **meta, "providers": wanted, "models": results, "rows": rows,
+               "latency_rows": lat_rows, "failures": failed}
     out.mkdir(parents=True, exist_ok=True)
-    files = [report.write_json(out / "models.json", payload), report.write_csv(out / "models.csv", rows)]
-    if plots:
+    files = [report.write_json(out / "models.json", payload), report.write_csv(out / "models.csv", rows),
+             report.write_csv(out / "models_latency.csv", lat_rows)]
+    if plots and rows:
         files += _model_plots(out, rows, meta)
     print(model_table(results))
+    print(latency_table(results))
     _print_failures(failed)
     return {"payload": payload, "files": [f for f in files if f], "failures": failed}
 
@@ -195,6 +212,33 @@ def model_table(results: list[dict]) -> str:
                 lines.append(f"  {r['model']} {r['workload']}: fastenc = " + ", ".join(parts))
     if lines:
         text += "\n\nfastenc throughput ratios (higher is better):\n" + "\n".join(lines)
+    return text
+
+
+def latency_table(results: list[dict]) -> str:
+    """Batch-1 p50/p95 per model x shape x provider, fastenc's time ratios (paired, with spread), breakdowns."""
+    rows = [r for res in results for r in res.get("latency_rows", [])]
+    if not rows:
+        return ""
+    cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("p50_ms", "p50 ms"),
+            ("p95_ms", "p95 ms"), ("n", "n")]
+    text = "\nbatch-1 latency:\n" + report.table(rows, cols)
+    lines = []
+    for r in rows:
+        if r["provider"] != "fastenc":
+            continue
+        parts = [f"{r[f'time_ratio_vs_{b}']:.2f}x {b} (paired {r[f'paired_time_ratio_vs_{b}']:.2f}x, 20-80% "
+                 f"{r[f'paired_time_ratio_vs_{b}_q20_q80'][0]:.2f}-{r[f'paired_time_ratio_vs_{b}_q20_q80'][1]:.2f})"
+                 for b in _models.BASELINES if f"time_ratio_vs_{b}" in r]
+        if parts:
+            lines.append(f"  {r['model']} {r['workload']}: fastenc time = " + ", ".join(parts))
+    if lines:
+        text += "\n\nfastenc batch-1 time over the baseline's (lower is better):\n" + "\n".join(lines)
+    parts = [latency.format_breakdown(res["model"], w, p, b, b.get("p50_ms"))
+             for res in results for w, by in (res.get("breakdown") or {}).items() for p, b in by.items()]
+    if parts:
+        text += ("\n\nwhere batch-1 time goes (per forward, under torch.profiler; rest = Python, dispatch, "
+                 "validation):\n" + "\n".join(parts))
     return text
 
 

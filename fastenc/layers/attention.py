@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastenc import extension, ops, registry
+from fastenc import ops
 from fastenc.layers.linear import Linear
 from fastenc.ops._common import needs_grad
 
@@ -46,18 +46,7 @@ class SelfAttention(nn.Module):
             # Inference: the fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous
             # (tokens, hidden) planes of one buffer: the attention kernel then reads q, k and v with no copy (a
             # single GEMM would leave them interleaved per token).
-            h = self.hidden
-            w = self.Wqkv.weight.view(3, h, -1)
-            b = self.Wqkv.bias
-            qkv = extension.buffer_empty((3, t, h), x) if registry.backend_allowed("cpu") else None
-            if qkv is None:
-                qkv = x.new_empty(3, t, h)
-            for i in range(3):
-                if b is None:
-                    torch.mm(x, w[i].t(), out=qkv[i])
-                else:
-                    torch.addmm(b[i * h:(i + 1) * h], x, w[i].t(), out=qkv[i])
-            q, k, v = (u.view(t, self.heads, self.head_dim) for u in qkv.unbind(0))
+            q, k, v = (u.view(t, self.heads, self.head_dim) for u in self.Wqkv.planes(x, 3))
         else:
             q, k, v = self.Wqkv(x).view(t, 3, self.heads, self.head_dim).unbind(1)
         if rope is not None:

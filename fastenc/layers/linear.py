@@ -7,6 +7,9 @@ is loaded and the registry allows the cpu backend for the call (not under use_ba
 layers reuse the same memory instead of faulting in fresh pages for every GEMM output. That reuse is an inference
 form: when autograd records the call (grad mode on and x, weight or bias requiring grad) the output is a new tensor.
 The parameters require grad, as torch.nn.Linear's do.
+In inference on CPU (fp32, grad off, enough rows: fastenc.layers.prepack.use_packed) the GEMM runs on a packed
+copy of the weight (oneDNN's layout, built at first use and rebuilt when the weight changes); `weight` itself
+stays the plain tensor that state_dict, LoRA merge and training see.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from torch import nn
 
 from fastenc import extension, registry
 from fastenc.ops._common import needs_grad
+from fastenc.layers import prepack
 
 
 class Linear(nn.Module):
@@ -30,6 +34,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         w = self.weight
+        if prepack.use_packed(x, w):
+            return prepack.linear(x, self._packed(w)[0], bias)
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"
                 and registry.backend_allowed("cpu") and not needs_grad(x, w, bias)):
             out = extension.buffer_empty((x.shape[0], self.out_features), x)
@@ -37,13 +43,42 @@ class Linear(nn.Module):
                 return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
         return F.linear(x, w, bias)
 
+    def _packed(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
+        cache = self.__dict__.get("_pack")
+        if cache is None:  # (kept out of __init__: a subclass or a copy made without it still packs)
+            cache = self.__dict__["_pack"] = prepack.PackCache()
+        return cache.get(w, parts)
+
+    def planes(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+        """x @ weight.T (+ bias) cut into `parts` equal column blocks, each a contiguous (tokens, out/parts)
+        tensor (e.g. q, k, v of a fused QKV projection, each a GEMM of its own row block of the weight, so no
+        block is left interleaved per token). CPU; x: (tokens, in). An inference form (the planes may come from the
+        buffer cache): the caller takes it only when autograd does not record the call."""
+        w, b = self.weight, self.bias
+        n = self.out_features // parts
+        t = x.shape[0]
+        if prepack.use_packed(x, w):
+            return tuple(prepack.linear(x, pw, None if b is None else b[i * n:(i + 1) * n])
+                         for i, pw in enumerate(self._packed(w, parts)))
+        out = extension.buffer_empty((parts, t, n), x) if registry.backend_allowed("cpu") else None
+        if out is None:
+            out = x.new_empty(parts, t, n)
+        wv = w.view(parts, n, -1)
+        for i in range(parts):
+            if b is None:
+                torch.mm(x, wv[i].t(), out=out[i])
+            else:
+                torch.addmm(b[i * n:(i + 1) * n], x, wv[i].t(), out=out[i])
+        return out.unbind(0)
+
     def output_bias(self) -> torch.Tensor | None:
         """The bias forward() adds (a caller that runs forward(x, with_bias=False) fuses this one elsewhere)."""
         return self.bias
 
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out += x @ weight.T (no bias), in place: one GEMM with beta = 1, so a residual sum needs no pass of its
-        own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features)."""
+        own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features).
+        (Always the plain GEMM: with beta = 1 it beats the packed one, which cannot accumulate in place.)"""
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
             return out.addmm_(x, self.weight.t())
         return out.add_(F.linear(x, self.weight))

@@ -29,9 +29,9 @@ def check_text_inputs(name: str, input_ids, attention_mask, token_type_ids, voca
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"{name}: input_ids must hold at least one sequence of at least one token (batch >= 1, "
                          f"seq >= 1), got shape {tuple(input_ids.shape)}")
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
-        raise ValueError(f"{name}: input_ids must be in [0, {vocab_size}) (the vocabulary), got "
-                         f"[{int(input_ids.min())}, {int(input_ids.max())}]")
+    lo, hi = (int(v) for v in torch.aminmax(input_ids))  # one pass over the ids, not two
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{name}: input_ids must be in [0, {vocab_size}) (the vocabulary), got [{lo}, {hi}]")
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor):
             raise TypeError(f"{name}: attention_mask must be a tensor, got {type(attention_mask).__name__}")

@@ -1,0 +1,83 @@
+"""Prepacked weights for the CPU GEMMs of fastenc.layers.Linear in inference: the (out, in) fp32 weight is
+reordered once into oneDNN's blocked layout (torch.ops.mkldnn._reorder_linear_weight, the packing inductor's CPU
+weight freezing uses) and multiplied by torch.ops.mkldnn._linear_pointwise, so no call re-packs the weight panels
+the way an unpacked sgemm does on every call.
+
+When the packed path runs (`use_packed`): CPU, fp32 activations and weight, x 2-D, at least MIN_TOKENS rows,
+a weight of at least MIN_WEIGHT elements (in x out), grad disabled (torch.no_grad / inference_mode; the weight may
+require grad: nothing is recorded), not under torch.compile tracing, weight not an inference tensor (its in-place
+writes would go unseen), FASTENC_PREPACK not "0", and the registry admitting the cpu backend (not under use_backend("reference")). Everything else, training included,
+takes the plain torch GEMM, and so does the residual form out += x @ W.T (Linear.accumulate_: addmm_ with
+beta = 1 measured faster than oneDNN's sum post-op into a new tensor). The thresholds come from
+`python -m fastenc.benchmark.gemm_pack` (bench/results/latency/gemm_pack.json, plain vs packed interleaved per
+shape): at 1 row the packed call loses several-fold (oneDNN's fixed cost per call), around 8-32 rows the two are
+close, from 128 rows on packing wins at every BERT-base and MiniLM shape (most at 128-512 rows, a few per cent
+at 2048); a small weight (a test model's 64 x 64) gains nothing to repay the per-call cost.
+
+The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
+deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
+storage pointer and its version counter, so an in-place write (LoRA merge/unmerge, load_state_dict, an optimizer
+step), a move or a replaced parameter rebuilds it at the next call. It costs a second copy of each packed weight.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from fastenc import registry
+
+MIN_TOKENS = 16  # rows of x from which the packed GEMM is used (the measured crossover; see the module docstring)
+MIN_WEIGHT = 1 << 17  # in x out elements from which a weight is packed (MiniLM's 384 x 384 blocks: 147,456)
+
+
+class PackCache:
+    """The packed form of one Linear's weight (split into `parts` row blocks), rebuilt when the weight changes.
+    Not copied by deepcopy or pickle (a copy starts empty and packs its own weight on first use)."""
+
+    __slots__ = ("ref", "ptr", "version", "parts", "packed")
+
+    def __init__(self):
+        self.ref, self.ptr, self.version, self.parts, self.packed = None, 0, -1, 0, ()
+
+    def get(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
+        """w: (out, in) fp32 -> `parts` packed (out/parts, in) blocks, [w_0; w_1; ...] in row order."""
+        if (self.ref is None or self.ref() is not w or self.ptr != w.data_ptr() or self.version != w._version
+                or self.parts != parts):
+            blocks = w.detach().view(parts, w.shape[0] // parts, w.shape[1]).unbind(0)
+            self.packed = tuple(torch.ops.mkldnn._reorder_linear_weight(b.contiguous(), None) for b in blocks)
+            self.ref, self.ptr, self.version, self.parts = weakref.ref(w), w.data_ptr(), w._version, parts
+        return self.packed
+
+    def clear(self) -> None:
+        self.__init__()
+
+    def __deepcopy__(self, memo):
+        return PackCache()
+
+    def __reduce__(self):
+        return (PackCache, ())
+
+
+_ENABLED: list[bool] = []  # FASTENC_PREPACK and oneDNN's presence, read at the first call (nothing at import)
+
+
+def _enabled() -> bool:
+    if not _ENABLED:
+        _ENABLED.append(os.environ.get("FASTENC_PREPACK", "1") != "0" and torch.backends.mkldnn.is_available())
+    return _ENABLED[0]
+
+
+def use_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether y = x @ w.T takes the packed GEMM (the rule in the module docstring). x: (rows, in); w: (out, in)."""
+    return (x.dim() == 2 and x.shape[0] >= MIN_TOKENS and w.numel() >= MIN_WEIGHT and x.dtype == torch.float32 and w.dtype == torch.float32
+            and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
+            and not w.is_inference() and not torch.compiler.is_compiling()
+            and _enabled() and registry.backend_allowed("cpu"))
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T (+ bias) with W packed by PackCache. x: (rows, in) fp32 -> (rows, out) fp32, a new tensor."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+

@@ -1,0 +1,59 @@
+"""The batch-1 breakdown (fastenc.benchmark.latency): every GEMM of a forward is found with its shape, the
+categories and the rest add up to the profiled wall time, and the latency rows carry the time ratios."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fastenc.benchmark import latency, models
+
+
+def test_gemm_shapes_from_profiler_names():
+    assert latency._mkn("aten::addmm", [[30], [17, 40], [40, 30], [], []]) == (17, 40, 30)
+    assert latency._mkn("aten::addmm_", [[17, 30], [17, 40], [40, 30], [], []]) == (17, 40, 30)
+    assert latency._mkn("aten::mm", [[5, 8], [8, 3]]) == (5, 8, 3)
+    assert latency._mkn("mkldnn::_linear_pointwise", [[16, 64], [96, 64], [96], [], [], []]) == (16, 64, 96)
+    assert latency._mkn("mkldnn::_linear_pointwise", [[16, 64], [16, 96], [96, 64], [], []]) == (16, 64, 96)
+    assert latency._mkn("aten::mm", [[5, 8]]) is None
+    assert latency._mkn("aten::relu", [[5, 8]]) is None
+    assert latency._category("fastenc::layer_norm") == "fastenc_ops"
+    assert latency._category("mkldnn::_linear_pointwise") == "gemm"
+    assert latency._category("aten::index_select") == "other_ops"
+
+
+def test_breakdown_of_a_forward():
+    """A 2-layer BERT at 1 x 20 tokens: 6 GEMMs a layer (q, k, v, out, fc1, fc2) at M = 20."""
+    pytest.importorskip("transformers")
+    import fastenc
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    hf = BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=136,
+                              vocab_size=300), add_pooling_layer=False).eval()
+    fe = fastenc.from_hf(hf).eval()
+    ids = torch.randint(5, 300, (1, 20))
+
+    def call():
+        with torch.inference_mode():
+            return fe(ids)
+
+    b = latency.breakdown(call, calls=2)
+    assert b["gemm_shapes"] == {"20x136x64": 2.0, "20x64x136": 2.0, "20x64x64": 8.0}
+    assert math.isclose(b["gemm_gflop"], 2 * 20 * (8 * 64 * 64 + 4 * 64 * 136) / 1e9)
+    parts = sum(b[k] for k in ("gemm_ms", "fastenc_ops_ms", "other_ops_ms", "rest_ms"))
+    assert math.isclose(parts, b["profiled_wall_ms"]) and b["gemm_ms"] > 0 and b["fastenc_ops_ms"] > 0
+    alone = latency.gemm_alone(b["gemm_shapes"], rounds=1)
+    assert alone["gemm_alone_plain_ms"] > 0
+    line = latency.format_breakdown("tiny", "latency", "fastenc", {**b, **alone}, 1.0)
+    assert "gemm" in line and "rest" in line
+
+
+def test_latency_row_ratios():
+    spec = models.ModelSpec("m", "text", lambda: None, "")
+    samples = {"fastenc": [1.0, 2.0, 1.0], "hf-sdpa": [2.0, 2.0, 4.0]}
+    row = models._latency_row(spec, "latency", "1 x 128", "fastenc", samples["fastenc"], samples)
+    assert row["p50_ms"] == 1.0 and row["time_ratio_vs_hf-sdpa"] == 0.5
+    assert row["paired_time_ratio_vs_hf-sdpa"] == 0.5  # per round 0.5, 1.0, 0.25
+    assert row["paired_time_ratio_vs_hf-sdpa_q20_q80"][0] < 0.5 < row["paired_time_ratio_vs_hf-sdpa_q20_q80"][1]

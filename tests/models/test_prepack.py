@@ -1,0 +1,125 @@
+"""Prepacked CPU weights (fastenc.layers.prepack): the packed GEMM is held to the plain one by the tolerance rule,
+the rule that picks it is tested, and a weight changed in place, replaced, moved or trained after packing is
+seen (the model-level checks, with LoRA merge and save/reload: tests/lora/test_prepack_merge.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastenc
+from fastenc import testing
+from fastenc.layers import Linear, prepack
+
+pytest.importorskip("transformers")
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+def _linear(k: int, n: int, bias: bool = True) -> Linear:
+    lin = Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(testing.randn(n, k, scale=k ** -0.5))
+        if bias:
+            lin.bias.copy_(testing.randn(n))
+    return lin
+
+
+def _packed_parts(lin: Linear) -> int:
+    cache = lin.__dict__.get("_pack")
+    return len(cache.packed) if cache is not None else 0
+
+
+def _ref(x, lin, bias=True):
+    b = lin.bias.double() if bias and lin.bias is not None else None
+    return F.linear(x.double(), lin.weight.double(), b)
+
+
+@needs_onednn
+@pytest.mark.parametrize("m,k,n", [(16, 160, 1002), (17, 1000, 141), (129, 384, 1152)],
+                         ids=["16x160x1002", "17x1000x141", "129x384x1152"])
+def test_packed_matches_plain(m, k, n):
+    lin = _linear(k, n)
+    x = testing.randn(m, k)
+    acc = testing.randn(m, n)
+    with torch.inference_mode():
+        y = lin(x)
+        assert _packed_parts(lin) == 1, "the packed path must have run"
+        testing.assert_close(y, _ref(x, lin))
+        testing.assert_close(lin(x, with_bias=False), _ref(x, lin, bias=False))
+        testing.assert_close(lin.accumulate_(x, acc.clone()), acc.double() + _ref(x, lin, bias=False))
+        testing.assert_close(lin(x.t().contiguous().t()), _ref(x, lin))  # a column-major x
+        parts = lin.planes(x, 3)
+        assert _packed_parts(lin) == 3
+        testing.assert_close(torch.cat(parts, 1), _ref(x, lin))
+        assert all(p.is_contiguous() and p.shape == (m, n // 3) for p in parts)
+
+
+def test_rule():
+    lin = _linear(256, prepack.MIN_WEIGHT // 256)
+    big, small = testing.randn(prepack.MIN_TOKENS, 256), testing.randn(prepack.MIN_TOKENS - 1, 256)
+    with torch.no_grad():
+        assert prepack.use_packed(big, lin.weight) == torch.backends.mkldnn.is_available()
+        assert not prepack.use_packed(small, lin.weight)                 # too few rows to repay the call
+        assert not prepack.use_packed(big, lin.weight[:-1])              # too small a weight
+        assert not prepack.use_packed(big.double(), lin.weight.double())  # fp32 only
+        assert not prepack.use_packed(big.unsqueeze(0), lin.weight)       # 2-D x only
+        with fastenc.use_backend("reference"):
+            assert not prepack.use_packed(big, lin.weight)
+        lin.weight.requires_grad_(True)
+        assert not prepack.use_packed(big, lin.weight)                    # a trainable weight
+    lin.weight.requires_grad_(False)
+    assert not prepack.use_packed(big, lin.weight)                        # grad enabled: training
+    with torch.inference_mode():
+        inf_w = lin.weight.clone()                                         # its in-place writes are untracked
+        assert not prepack.use_packed(big, inf_w)
+        lin(small)
+        assert _packed_parts(lin) == 0
+
+
+@needs_onednn
+def test_pack_follows_weight_changes():
+    lin = _linear(400, 560)
+    x = testing.randn(33, 400)
+    with torch.inference_mode():
+        lin(x)
+    first = lin.__dict__["_pack"].packed
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)                                  # in place (LoRA merge writes like this)
+    with torch.inference_mode():
+        testing.assert_close(lin(x), _ref(x, lin))
+        assert lin.__dict__["_pack"].packed is not first
+    lin.weight = torch.nn.Parameter(testing.randn(560, 400), requires_grad=False)       # replaced
+    with torch.inference_mode():
+        testing.assert_close(lin(x), _ref(x, lin))
+    lin.weight.data = testing.randn(560, 400)                    # storage swapped under the same object
+    with torch.inference_mode():
+        testing.assert_close(lin(x), _ref(x, lin))
+    lin.double()
+    with torch.inference_mode():
+        testing.assert_close(lin(x.double()), _ref(x, lin))  # fp64: plain path
+    lin.float()
+    with torch.inference_mode():
+        testing.assert_close(lin(x), _ref(x, lin))
+
+
+@needs_onednn
+def test_training_after_packing_sees_plain_weights():
+    lin = _linear(240, 600)
+    x = testing.randn(20, 240)
+    with torch.inference_mode():
+        lin(x)
+    assert _packed_parts(lin) == 1
+    lin.weight.requires_grad_(True)
+    lin.bias.requires_grad_(True)
+    xg = x.clone().requires_grad_(True)
+    y = lin(xg)
+    dy = testing.randn(*y.shape)
+    y.backward(dy)
+    testing.assert_close(y, _ref(x, lin))
+    testing.assert_close(xg.grad, dy.double() @ lin.weight.double())
+    testing.assert_close(lin.weight.grad, dy.double().t() @ x.double())
+    with torch.no_grad():
+        lin.weight.sub_(0.5 * lin.weight.grad)                # an optimizer step
+    lin.requires_grad_(False)
+    with torch.inference_mode():
+        testing.assert_close(lin(x), _ref(x, lin))
