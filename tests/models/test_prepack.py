@@ -65,10 +65,11 @@ def test_rule():
         assert not prepack.use_packed(big.unsqueeze(0), lin.weight)       # 2-D x only
         with fastenc.use_backend("reference"):
             assert not prepack.use_packed(big, lin.weight)
-        lin.weight.requires_grad_(True)
-        assert not prepack.use_packed(big, lin.weight)                    # a trainable weight
-    lin.weight.requires_grad_(False)
+        lin.weight.requires_grad_(True)  # a trainable weight in a no-grad call: nothing recorded, packed
+        assert prepack.use_packed(big, lin.weight) == torch.backends.mkldnn.is_available()
     assert not prepack.use_packed(big, lin.weight)                        # grad enabled: training
+    lin.weight.requires_grad_(False)
+    assert not prepack.use_packed(big, lin.weight)                        # grad enabled, frozen weight
     with torch.inference_mode():
         inf_w = lin.weight.clone()                                         # its in-place writes are untracked
         assert not prepack.use_packed(big, inf_w)
