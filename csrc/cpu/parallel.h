@@ -3,10 +3,12 @@
 // whole region waits for its slowest thread. Below the thresholds here one thread finishes before a team would
 // have started, so the kernel runs on the calling thread (OpenMP `if` clause: a team of one, same code path).
 //
-// How the numbers were chosen (one thread, -O3 -march=native, fp32, bench/omp_threshold.py): LayerNorm + residual
-// runs at ~0.5-1 ns per output element and exact GELU + bias at ~1-1.5 ns, so 2^16 output elements is ~30-100 us
-// on one thread -- the point below which a 2-thread team saved less than it risked on a loaded 2-core machine.
-// BERT-base at 16 tokens (16 x 768 norms, 16 x 3072 GELU) stays serial; 4096-token batches stay parallel.
+// How the numbers were chosen (bench/omp_threshold.py, fp32, 2 cores under load ~14): one thread spends ~1.4 ns
+// of CPU time per output element on LayerNorm + residual and ~1.1 ns on exact GELU + bias (4096-row calls), less
+// on an idle core, so 2^16 elements is ~40-90 us on one thread: the size from which a second thread can save more
+// than a fork/join risks. Below it, 2 threads cost 13-50x the 1-thread wall time (16 x 3072 GELU, 16 x 768 norm);
+// with it both run at 1.0-1.25x. BERT-base at 16 tokens (16 x 768 norms, 16 x 3072 GELU) stays serial;
+// 4096-token batches stay parallel.
 #pragma once
 #include <cstdint>
 
