@@ -3,6 +3,7 @@
 // GeGLU (ModernBERT order): out = gelu(x[:, :n]) * x[:, n:]. fp32 or bf16 storage (storage.h), fp32 math.
 #include "cpu_kernels.h"
 #include "fast_math.h"
+#include "parallel.h"
 #include "storage.h"
 
 namespace fastenc_cpu {
@@ -19,7 +20,7 @@ FASTENC_INLINE float act(float v) {
 template <class S, bool TANH, bool BIAS>
 void gelu_rows(const typename S::T* x, const typename S::T* __restrict bias, typename S::T* out, int64_t rows,
                int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * n, kParallelMinElems))
   for (int64_t r = 0; r < rows; ++r) {
     const typename S::T* xr = x + r * n;
     typename S::T* yr = out + r * n;
@@ -31,7 +32,7 @@ void gelu_rows(const typename S::T* x, const typename S::T* __restrict bias, typ
 // out rows are ldo apart; out may be x with ldo = 2n (each output over its input half, read first).
 template <class S, bool TANH>
 void geglu_rows(const typename S::T* x, typename S::T* out, int64_t rows, int64_t n, int64_t ldo) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * n, kParallelMinElems))
   for (int64_t r = 0; r < rows; ++r) {
     const typename S::T* in = x + r * 2 * n;
     const typename S::T* gate = in + n;
@@ -44,7 +45,7 @@ void geglu_rows(const typename S::T* x, typename S::T* out, int64_t rows, int64_
 template <class S>
 void gelu_dispatch(const typename S::T* x, const typename S::T* bias, typename S::T* out, int64_t rows, int64_t n,
                    bool tanh_approx) {
-  if (rows == 1 && n > 4096) {  // one long row: split it so every thread gets a share
+  if (rows == 1 && worth_parallel(n, kParallelMinElems)) {  // one long row: split it so every thread gets a share
     const int64_t chunk = 1024, parts = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < parts; ++p) {

@@ -13,6 +13,7 @@
 
 #include "cpu_kernels.h"
 #include "fast_math.h"
+#include "parallel.h"
 #include "storage.h"
 
 namespace fastenc_cpu {
@@ -54,9 +55,11 @@ template <class S, bool TANH, bool BIAS, bool STORE, bool SUM>
 void gelu_bwd_rows(const typename S::T* __restrict g, const typename S::T* __restrict x,
                    const typename S::T* __restrict bias, typename S::T* __restrict dx, float* __restrict dbias,
                    int64_t rows, int64_t n) {
-  const int nt = omp_get_max_threads();
+  // A small call runs on one thread (parallel.h): one partial row, summed into dbias as a larger team's are.
+  const bool parallel = worth_parallel(rows * n, kParallelMinElems);
+  const int nt = parallel ? omp_get_max_threads() : 1;
   std::vector<float> part(SUM ? (size_t)nt * n : 0, 0.0f);
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (parallel)
   {
     float* acc = SUM ? part.data() + (size_t)omp_get_thread_num() * n : nullptr;
 #pragma omp for schedule(static)
@@ -98,7 +101,7 @@ void gelu_bwd_outputs(const typename S::T* g, const typename S::T* x, const type
 template <class S, bool TANH>
 void geglu_bwd_rows(const typename S::T* __restrict g, const typename S::T* __restrict x,
                     typename S::T* __restrict dx, int64_t rows, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * n, kParallelMinElems))
   for (int64_t r = 0; r < rows; ++r) {
     const typename S::T* gr = g + r * n;
     const typename S::T* a = x + r * 2 * n;

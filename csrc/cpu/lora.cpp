@@ -2,26 +2,26 @@
 // For a block of RB rows and a chunk of CB columns the partial sums live in a small local tile (L1):
 //   delta[o, i] = sum_k B[o, k] * A[k, i]   (k = 0..r-1; each A chunk row is loaded once per row block),
 //   W'[o, i]    = W[o, i] + scale * delta[o, i].
-// Small merges run on one thread: a parallel region costs more than it saves there, and on a busy machine
-// one descheduled worker stalls the whole region.
+// Small merges run on one thread (kParallelMinFmas, parallel.h): a parallel region costs more than it saves there,
+// and on a busy machine one descheduled worker stalls the whole region.
 // The unmerged LoRA linear is served by at::addmm in bindings.cpp (it calls this kernel for many tokens).
 #include <algorithm>
 #include <cstddef>
 
 #include "lora.h"
+#include "parallel.h"
 
 namespace fastenc_cpu {
 
 namespace {
 constexpr int64_t RB = 4;    // output rows per block
 constexpr int64_t CB = 128;  // columns per chunk
-constexpr int64_t PARALLEL_MIN_FMAS = int64_t(1) << 24;
 }  // namespace
 
 void merge_lora_fwd(const float* w, const float* a, const float* b, float* out, int64_t rows, int64_t cols,
                     int64_t r, float scale) {
   const int64_t blocks = (rows + RB - 1) / RB;
-  const bool parallel = rows * cols * r >= PARALLEL_MIN_FMAS;
+  const bool parallel = worth_parallel(rows * cols * r, kParallelMinFmas);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t o0 = blk * RB, nr = std::min(RB, rows - o0);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cpu_kernels.h"
+#include "parallel.h"
 #include "storage.h"
 
 namespace fastenc_cpu {
@@ -22,7 +23,7 @@ void norm_rows(const typename S::T* __restrict x, const typename S::T* __restric
                float* mean_out, float* rstd_out, int64_t rows, int64_t hidden, float eps) {
   using T = typename S::T;
   const float inv_n = 1.0f / (float)hidden;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(rows * hidden, kParallelMinElems))
   for (int64_t r = 0; r < rows; ++r) {
     const T* __restrict xr = x + r * hidden;
     T* yr = out + r * hidden;  // may double as the residual scratch that h points to

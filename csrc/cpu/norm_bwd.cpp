@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "parallel.h"
 #include "storage.h"
 
 namespace fastenc_cpu {
@@ -24,10 +25,12 @@ void norm_bwd_rows(const typename S::T* dy, const typename S::T* dh, const typen
   using T = typename S::T;
   const float inv_n = 1.0f / (float)hidden;
   const bool partials = dw != nullptr || db != nullptr;
-  const int max_threads = omp_get_max_threads();
+  // A small call runs on one thread (parallel.h): `used` is then 1 and its one partial row is dw / db.
+  const bool parallel = worth_parallel(rows * hidden, kParallelMinElems);
+  const int max_threads = parallel ? omp_get_max_threads() : 1;
   std::vector<float> part(partials ? (size_t)max_threads * 2 * hidden : 0, 0.f);
   int used = 1;
-#pragma omp parallel
+#pragma omp parallel if (parallel)
   {
     const int tid = omp_get_thread_num();
 #pragma omp single
@@ -76,7 +79,7 @@ void norm_bwd_rows(const typename S::T* dy, const typename S::T* dh, const typen
   }
   if (!partials) return;
   // Second pass: dw[i] = sum over threads of their partial rows.
-#pragma omp parallel for schedule(static) if (hidden >= 4096)
+#pragma omp parallel for schedule(static) if (worth_parallel((int64_t)used * hidden, kParallelMinElems))
   for (int64_t i = 0; i < hidden; ++i) {
     float sw = 0.f, sb = 0.f;
     for (int t = 0; t < used; ++t) {

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cpu_kernels.h"
+#include "parallel.h"
 
 namespace fastenc_cpu {
 
@@ -26,7 +27,8 @@ static int64_t rope_apply(const float* q, const float* k, float* qo, float* ko, 
                           const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half,
                           int64_t npos) {
   int64_t bad = 0;
-#pragma omp parallel for schedule(static) reduction(+ : bad)
+  const bool parallel = worth_parallel(tokens * (hq + hk) * d, kParallelMinElems);
+#pragma omp parallel for schedule(static) reduction(+ : bad) if (parallel)
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = pos[t];  // read once, checked before it indexes the table
     if (p < 0 || p >= npos) {
