@@ -4,7 +4,9 @@ Kept deliberately plain so adapters (LoRA) can be merged into `weight` in place,
 out of the GEMM when the next op fuses it (`forward(x, with_bias=False)` then e.g. ops.gelu(y, bias)).
 On CPU the output comes from fastenc's buffer cache (fastenc.extension.buffer_empty) once the extension's cpu half
 is loaded and the registry allows the cpu backend for the call (not under use_backend("reference")), so a model's
-layers reuse the same memory instead of faulting in fresh pages for every GEMM output.
+layers reuse the same memory instead of faulting in fresh pages for every GEMM output. That reuse is an inference
+form: when autograd records the call (grad mode on and x, weight or bias requiring grad) the output is a new tensor.
+The parameters require grad, as torch.nn.Linear's do.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc import extension, registry
+from fastenc.ops._common import needs_grad
 
 
 class Linear(nn.Module):
@@ -21,16 +24,14 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype),
-                                   requires_grad=False)
-        self.bias = (nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False)
-                     if bias else None)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         w = self.weight
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"
-                and registry.backend_allowed("cpu")):
+                and registry.backend_allowed("cpu") and not needs_grad(x, w, bias)):
             out = extension.buffer_empty((x.shape[0], self.out_features), x)
             if out is not None:
                 return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
