@@ -197,7 +197,8 @@ def _hf_linears(model) -> list[str]:
     table = target_table(model)
     hf_names = {h[:-len(".weight")] for _, hs, _ in convert.MAPS[arch](model.config, model.task, prefix)
                 for h in hs if h.endswith(".weight")}
-    return sorted(n for n in hf_names if n in table and table[n][2] != "patch")
+    return sorted(n for n in hf_names if n in table and table[n][2] != "patch"
+                  and isinstance(model.get_submodule(table[n][0]), Linear))
 
 
 def _matches(name: str, target) -> bool:
