@@ -15,8 +15,9 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="kernel and model benchmarks against the baselines (JSON/CSV/PNG)")
-    p.add_argument("what", choices=["kernels", "models", "embed", "report"],
+    p.add_argument("what", choices=["kernels", "models", "train", "embed", "report"],
                    help="which suite to run ('embed': the corpus job vs sentence-transformers and transformers); "
+                        "'train': training steps vs transformers (+ PEFT for LoRA); "
                         "'report' writes RESULTS.md from the JSON files in --out")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
@@ -33,6 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated providers to keep (kernels: e.g. cpu,reference,torch-eager,torch-compile; "
                         "models: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
+    p.add_argument("--modes", default=None, help="train: comma-separated of full, lora (default: both)")
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
@@ -84,6 +86,11 @@ def _run_suite(args, suite, device, dtype, out):
         return bench_embed(out, n=args.passages, rounds=1 if args.quick else 2,
                            memory_sizes=() if args.quick else (10000, 40000), ray_actors=() if args.quick else (1, 2),
                            providers=_split(args.providers), note=args.note)
+    if args.what == "train":
+        from fastenc.benchmark.train import bench_train
+        return bench_train(quick=args.quick, out=out, models=_split(args.models), modes=_split(args.modes),
+                           providers=_split(args.providers), compile_hf=not args.no_compile,
+                           plots=not args.no_plots, note=args.note)
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),
