@@ -10,17 +10,20 @@ from torch import nn
 
 from fastenc import extension, ops, registry
 from fastenc.layers.linear import Linear
+from fastenc.ops._common import needs_grad
 
 
 class SelfAttention(nn.Module):
     """Wqkv: (3*hidden, hidden), rows [q; k; v] each laid out (heads, head_dim); Wo: (hidden, hidden).
 
     window: None (global) or (left, right) — query i sees keys i-left..i+right of its own sequence.
+    dropout: attention-probability dropout in training mode (inside ops.attention).
     """
 
     def __init__(self, hidden: int, heads: int, bias: bool = True, out_bias: bool | None = None,
-                 window: tuple[int, int] | None = None, device=None, dtype=None):
+                 window: tuple[int, int] | None = None, device=None, dtype=None, dropout: float = 0.0):
         super().__init__()
+        self.dropout = float(dropout)
         if hidden % heads:
             raise ValueError(f"SelfAttention: hidden ({hidden}) must be a multiple of heads ({heads})")
         self.hidden, self.heads, self.head_dim = hidden, heads, hidden // heads
@@ -38,10 +41,11 @@ class SelfAttention(nn.Module):
                rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The attention output before Wo: (tokens, hidden)."""
         t = x.shape[0]
-        if x.device.type == "cpu" and type(self.Wqkv) is Linear:  # (a Wqkv carrying unmerged LoRA: own forward)
-            # The fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous (tokens, hidden)
-            # planes of one buffer: the attention kernel then reads q, k and v with no copy (a single GEMM
-            # would leave them interleaved per token).
+        if (x.device.type == "cpu" and type(self.Wqkv) is Linear  # (a Wqkv carrying unmerged LoRA: own forward)
+                and not needs_grad(x, self.Wqkv.weight, self.Wqkv.bias)):
+            # Inference: the fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous
+            # (tokens, hidden) planes of one buffer: the attention kernel then reads q, k and v with no copy (a
+            # single GEMM would leave them interleaved per token).
             h = self.hidden
             w = self.Wqkv.weight.view(3, h, -1)
             b = self.Wqkv.bias
@@ -59,5 +63,7 @@ class SelfAttention(nn.Module):
         if rope is not None:
             cos, sin, pos = rope
             q, k = ops.rope(q, k, cos, sin, position_ids=pos)
-        o = ops.attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=self.window)
+        p = self.dropout if self.training else 0.0
+        extra = {"dropout_p": p} if p > 0 else {}  # (passed only when on: the argument is newer than the op)
+        o = ops.attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=self.window, **extra)
         return o.reshape(t, self.hidden)

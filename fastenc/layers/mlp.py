@@ -8,6 +8,7 @@ from torch import nn
 
 from fastenc import ops
 from fastenc.layers.linear import Linear
+from fastenc.ops._common import needs_grad
 
 # Hugging Face activation names -> (fastenc GELU approximation or None, torch fallback).
 _ACTS = {
@@ -25,12 +26,13 @@ _ACTS = {
 
 def activation(name: str, x: torch.Tensor, bias: torch.Tensor | None = None, inplace: bool = False) -> torch.Tensor:
     """act(x + bias) for a Hugging Face activation name; the GELUs run fused in fastenc.ops.gelu.
-    inplace: x is a temporary the caller no longer needs, overwritten with the result (contiguous x)."""
+    inplace: x is a temporary the caller no longer needs, overwritten with the result (contiguous x); an inference
+    form, ignored when autograd records the call (x or bias requires grad)."""
     if name not in _ACTS:
         raise ValueError(f"activation: unsupported activation {name!r}; supported: {sorted(_ACTS)}")
     approx, fn = _ACTS[name]
     if approx is not None:
-        out = x if inplace and x.is_contiguous() else None
+        out = x if inplace and x.is_contiguous() and not needs_grad(x, bias) else None
         return ops.gelu(x, bias=bias, approximate=approx, out=out)
     return fn(x if bias is None else x + bias)
 
@@ -64,11 +66,14 @@ class MLP(nn.Module):
 
 class GeGLUMLP(nn.Module):
     """ModernBERT's GLU: input, gate = Wi(x).chunk(2); Wo(gelu(input) * gate). x: (tokens, hidden).
-    The GeGLU writes over the input half of Wi's output (no new (tokens, intermediate) buffer); Wo reads those
-    rows in place (row stride 2 * intermediate)."""
+    Without autograd recording, the GeGLU writes over the input half of Wi's output (no new (tokens, intermediate)
+    buffer) and Wo reads those rows in place (row stride 2 * intermediate). dropout: applied to gelu(input) * gate
+    in training mode (ModernBERT's mlp_dropout)."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str = "gelu", bias: bool = False, device=None, dtype=None):
+    def __init__(self, hidden: int, intermediate: int, act: str = "gelu", bias: bool = False, device=None, dtype=None,
+                 dropout: float = 0.0):
         super().__init__()
+        self.dropout = float(dropout)
         approx = _ACTS.get(check_activation(act))[0]
         if approx is None:
             raise ValueError(f"GeGLUMLP: the gated unit needs a GELU activation, got {act!r}")
@@ -79,5 +84,8 @@ class GeGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
         h = self.Wi(x)
         n = h.shape[-1] // 2
-        out = h[..., :n] if h.is_contiguous() else None
-        return self.Wo(ops.geglu(h, approximate=self.approximate, out=out), with_bias=out_bias)
+        out = h[..., :n] if h.is_contiguous() and not needs_grad(h) else None
+        g = ops.geglu(h, approximate=self.approximate, out=out)
+        if self.training and self.dropout > 0:
+            g = F.dropout(g, self.dropout, training=True)
+        return self.Wo(g, with_bias=out_bias)

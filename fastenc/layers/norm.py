@@ -18,8 +18,8 @@ class LayerNorm(nn.Module):
     def __init__(self, hidden: int, eps: float = 1e-5, bias: bool = True, device=None, dtype=None):
         super().__init__()
         self.hidden, self.eps = hidden, float(eps)
-        self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype), requires_grad=False) if bias else None
+        self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, *,
                 input_bias: torch.Tensor | None = None, return_residual: bool = True):

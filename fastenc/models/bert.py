@@ -7,6 +7,11 @@ Usage: model = BertModel(BertConfig(...)) or fastenc.from_hf(hf_bert) / fastenc.
   model.pool(last_hidden, attention_mask) -> pooler output (batch, hidden); model.encode(texts) -> sentence
   embeddings. Pooling (pooler, classifier, encode(pooling='cls')) reads each row's first real token, left
   padding or not; fastenc.accelerate follows transformers instead (column 0, padding or not).
+Training: parameters require grad; model.train() turns on transformers' dropouts (embeddings, attention
+  probabilities, attention and MLP outputs: hidden_dropout_prob / attention_probs_dropout_prob; the classifier's
+  classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.heads).
+  Without autograd recording (torch.no_grad / inference_mode) and without dropout, the residual adds run in
+  place inside the GEMMs; otherwise every step makes new tensors.
 Parameter names (fastenc side of the weight map in convert.py): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*.
@@ -21,6 +26,7 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
 from fastenc.lora import LoraMixin
+from fastenc.models import heads
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows
 from fastenc.models.config import BertConfig
@@ -33,6 +39,7 @@ class BertEmbeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+        self.dropout = cfg.hidden_dropout_prob
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
@@ -41,30 +48,46 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type.weight[0]
         else:
             x = x + F.embedding(types, self.token_type.weight)
-        return self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
+        x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
+        return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
 
 class BertLayer(nn.Module):
-    """Post-norm block: x = LN(x + attn(x)); x = LN(x + mlp(x)). The residual add happens inside the Wo and fc2
-    GEMMs (x += o Wo^T, accumulated into x once the QKV projection has read it), and the bias of each of
-    those linears inside the LayerNorm that follows; the norms write only their output."""
+    """Post-norm block: x = LN(x + drop(attn(x))); x = LN(x + drop(mlp(x))). Inference (no autograd recording, no
+    dropout): the residual add happens inside the Wo and fc2 GEMMs (x += o Wo^T, accumulated into x once the QKV
+    projection has read it), and the bias of each of those linears inside the LayerNorm that follows; the norms
+    write only their output. Training: the add and the bias go into the LayerNorm (residual=, input_bias=),
+    nothing is overwritten."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
         h = cfg.hidden_size
-        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=True)
+        self.dropout = cfg.hidden_dropout_prob
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=True, dropout=cfg.attention_probs_dropout_prob)
         self.attn_norm = LayerNorm(h, cfg.layer_norm_eps)
         self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
         """x: (tokens, hidden), a buffer of this model's own (the embeddings' or the previous layer's output): it
-        is overwritten."""
+        is overwritten unless autograd records the call or dropout is on."""
         o = self.attn.attend(x, cu_seqlens, max_seqlen)
-        self.attn.Wo.accumulate_(o, x)
-        x = self.attn_norm(x, input_bias=self.attn.Wo.output_bias())
-        self.mlp.fc2.accumulate_(self.mlp.hidden(x), x)
-        return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias())
+        p = self.dropout if self.training else 0.0
+        if not torch.is_grad_enabled() and p == 0:
+            self.attn.Wo.accumulate_(o, x)
+            x = self.attn_norm(x, input_bias=self.attn.Wo.output_bias())
+            self.mlp.fc2.accumulate_(self.mlp.hidden(x), x)
+            return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias())
+        x = _add_norm(self.attn_norm, self.attn.Wo, o, x, p)
+        return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, p)
+
+
+def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:
+    """norm(dropout(linear(y)) + residual): the linear's bias fused into the norm when there is no dropout."""
+    if p > 0:
+        return norm(F.dropout(linear(y), p, training=True), residual=residual, return_residual=False)
+    return norm(linear(y, with_bias=False), residual=residual, input_bias=linear.output_bias(),
+                return_residual=False)
 
 
 class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
@@ -76,7 +99,6 @@ class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.pooler = Linear(config.hidden_size, config.hidden_size) if config.add_pooling_layer else None
-        self.requires_grad_(False)
 
     def _encode(self, input_ids, attention_mask=None, token_type_ids=None):
         """Embeddings + all layers on packed tokens. Returns (x (total, hidden), PackedBatch)."""
@@ -124,31 +146,51 @@ class BertModel(LoraMixin, TextEncoderMixin, nn.Module):
         return (x, batch) if return_packed else batch.pad(x)
 
 
+def _classifier_dropout(cfg: BertConfig) -> float:
+    return cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
+
+
 class BertForSequenceClassification(BertModel):
-    """logits = classifier(pooler(first real token)): (batch, num_labels)."""
+    """logits = classifier(drop(pooler(first real token))): (batch, num_labels).
+    labels= (batch,) int / float (see fastenc.models.heads) -> transformers' SequenceClassifierOutput(loss, logits)."""
     task = "sequence_classification"
 
     def __init__(self, config: BertConfig):
         config = dataclasses.replace(config, add_pooling_layer=True)
         super().__init__(config)
         self.classifier = Linear(config.hidden_size, config.num_labels)
-        self.requires_grad_(False)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        name = type(self).__name__
+        kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels, heads.grid(input_ids)[0])
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        return self.classifier(torch.tanh(self.pooler(batch.first_tokens(x))))
+        pooled = torch.tanh(self.pooler(batch.first_tokens(x)))
+        p = _classifier_dropout(self.config) if self.training else 0.0
+        logits = self.classifier(F.dropout(pooled, p, training=True) if p > 0 else pooled)
+        if labels is None:
+            return logits
+        return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
 
 
 class BertForTokenClassification(BertModel):
-    """logits = classifier(hidden): (batch, seq, num_labels), zeros at padded positions."""
+    """logits = classifier(drop(hidden)): (batch, seq, num_labels), zeros at padded positions.
+    labels= int (batch, seq), -100 ignored -> transformers' TokenClassifierOutput(loss, logits); the loss is taken
+    over the packed tokens (labels at padded positions are not read)."""
     task = "token_classification"
 
     def __init__(self, config: BertConfig):
         config = dataclasses.replace(config, add_pooling_layer=False)
         super().__init__(config)
         self.classifier = Linear(config.hidden_size, config.num_labels)
-        self.requires_grad_(False)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        if labels is not None:
+            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        return batch.pad(self.classifier(x))
+        p = _classifier_dropout(self.config) if self.training else 0.0
+        packed = self.classifier(F.dropout(x, p, training=True) if p > 0 else x)
+        logits = batch.pad(packed)
+        if labels is None:
+            return logits
+        loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
+        return heads.output(self.task, loss, logits)

@@ -30,6 +30,9 @@ class _Common:
     intermediate_size: int = 3072
     num_labels: int = 2
     id2label: dict | None = None
+    problem_type: str | None = None  # sequence/image classification loss; inferred from the labels when None
+    # The Hugging Face config dict this config was read from (kept for save_pretrained); None when built directly.
+    hf_config: dict | None = field(default=None, repr=False, compare=False)
 
     def _check(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
@@ -58,6 +61,9 @@ class BertConfig(_Common):
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     add_pooling_layer: bool = True
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    classifier_dropout: float | None = None  # None: hidden_dropout_prob
     model_type: str = "bert"
 
     @classmethod
@@ -69,6 +75,7 @@ class BertConfig(_Common):
             raise ValueError("BertConfig: decoder BERT (is_decoder / add_cross_attention) is not supported")
         cfg = cls(**_pick(cls, d, num_labels=_num_labels(d), **override))
         cfg._check()
+        cfg.hf_config = dict(d)
         return cfg
 
 
@@ -92,6 +99,10 @@ class ModernBertConfig(_Common):
     classifier_bias: bool = False
     classifier_activation: str = "gelu"
     pad_token_id: int = 50283
+    embedding_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    mlp_dropout: float = 0.0
+    classifier_dropout: float = 0.0
     model_type: str = "modernbert"
 
     @classmethod
@@ -121,6 +132,7 @@ class ModernBertConfig(_Common):
                           rope_theta_global=theta["full_attention"], rope_theta_local=theta["sliding_attention"],
                           **override))
         cfg._check()
+        cfg.hf_config = dict(d)
         return cfg
 
 
@@ -136,6 +148,8 @@ class ViTConfig(_Common):
     pooler_output_size: int | None = None
     pooler_act: str = "tanh"
     add_pooling_layer: bool = True
+    hidden_dropout_prob: float = 0.0
+    attention_probs_dropout_prob: float = 0.0
     model_type: str = "vit"
 
     @classmethod
@@ -153,6 +167,7 @@ class ViTConfig(_Common):
         cfg._check()
         if cfg.image_size % cfg.patch_size:
             raise ValueError(f"ViTConfig: image_size ({cfg.image_size}) must be a multiple of patch_size ({cfg.patch_size})")
+        cfg.hf_config = dict(d)
         return cfg
 
     @property

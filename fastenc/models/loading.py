@@ -76,8 +76,7 @@ def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefi
             raise ValueError(f"{arch}: weight {hs[0] if len(hs) == 1 else fe} must have shape {want}, got "
                              f"{tuple(v.shape)}")
     model.load_state_dict(state, strict=True, assign=True)
-    model.requires_grad_(False)
-    model.eval()
+    model.eval()  # (as transformers' from_pretrained; the parameters require grad, as there)
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
     return model

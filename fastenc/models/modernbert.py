@@ -8,6 +8,9 @@ return_packed=True -> (hidden (total_tokens, hidden), PackedBatch). Heads: Moder
 (cls/mean pooling -> head -> classifier), ModernBertForTokenClassification. Parameter names follow Hugging Face's
 (embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
 final_norm, head.{dense,norm}, classifier).
+Training: parameters require grad; model.train() turns on transformers' dropouts (embedding_dropout after the
+embedding norm, attention_dropout on the attention probabilities and on Wo's output, mlp_dropout before the MLP's
+Wo, classifier_dropout after the head); heads take labels= and return transformers' output with the loss.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
+from fastenc.models import heads
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, row_tokens, rows_with_holes
 from fastenc.models.config import ModernBertConfig
@@ -28,9 +32,11 @@ class ModernBertEmbeddings(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
+        self.dropout = cfg.embedding_dropout
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.norm(F.embedding(ids, self.tok.weight))
+        x = self.norm(F.embedding(ids, self.tok.weight))
+        return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
 
 class ModernBertLayer(nn.Module):
@@ -41,9 +47,15 @@ class ModernBertLayer(nn.Module):
         half = cfg.local_attention // 2
         window = (half, half) if self.kind == "sliding_attention" else None
         self.attn_norm = None if index == 0 else LayerNorm(h, cfg.norm_eps, bias=cfg.norm_bias)
-        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=cfg.attention_bias, window=window)
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=cfg.attention_bias, window=window,
+                                  dropout=cfg.attention_dropout)
         self.mlp_norm = LayerNorm(h, cfg.norm_eps, bias=cfg.norm_bias)
-        self.mlp = GeGLUMLP(h, cfg.intermediate_size, cfg.hidden_activation, bias=cfg.mlp_bias)
+        self.mlp = GeGLUMLP(h, cfg.intermediate_size, cfg.hidden_activation, bias=cfg.mlp_bias,
+                            dropout=cfg.mlp_dropout)
+
+    def out_dropout(self) -> float:
+        """The dropout on Wo's output (transformers' out_drop: attention_dropout), 0 in eval mode."""
+        return self.attn.dropout if self.training else 0.0
 
 
 class ModernBertHead(nn.Module):
@@ -69,7 +81,6 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
         self.layers = nn.ModuleList(ModernBertLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = LayerNorm(config.hidden_size, config.norm_eps, bias=config.norm_bias)
         self._rope: dict = {}
-        self.requires_grad_(False)
 
     def _rope_table(self, kind: str, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 cos/sin (positions, head_dim/2) for this layer type, grown on demand (kept out of state_dict)."""
@@ -78,7 +89,8 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
         have = self._rope.get(key)
         if have is None or have[0].shape[0] < length:
             n = max(length, 512)
-            self._rope[key] = ops.rope_cache(self.config.head_dim, n, theta, device=device)
+            with torch.inference_mode(False):  # (normal tensors: a training forward may save them)
+                self._rope[key] = ops.rope_cache(self.config.head_dim, n, theta, device=device)
         return self._rope[key]
 
     def _encode(self, input_ids, attention_mask=None, token_type_ids=None):
@@ -122,13 +134,19 @@ class ModernBertModel(LoraMixin, TextEncoderMixin, nn.Module):
                                          pos, window, (cos, sin))
                 a = layer.attn.Wo(o.index_copy(0, hole_tok, fixed), with_bias=False)
             else:
-                a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos), out_bias=False)
+                a = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
+                a = layer.attn.Wo(a, with_bias=False)
+            a_bias = layer.attn.Wo.output_bias()
+            p = layer.out_dropout()
+            if p > 0:  # transformers' out_drop(Wo(o)): the bias added before the dropout
+                a = F.dropout(a if a_bias is None else a + a_bias, p, training=True)
+                a_bias = None
             if rows is not None:
                 yg = hg if layer.attn_norm is None else layer.attn_norm(hg)
                 og = column_attention(layer.attn, yg, rows, zero, y, batch.cu_seqlens, pos, window, (cos, sin))
                 hg = hg + layer.attn.Wo(og)
                 hg = hg + layer.mlp(layer.mlp_norm(hg))
-            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.output_bias())
+            y, h = layer.mlp_norm(a, residual=h, input_bias=a_bias)
             delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.output_bias()
         if delta is None:
             x = self.final_norm(h)
@@ -157,23 +175,42 @@ class _ModernBertWithHead(ModernBertModel):
         super().__init__(config)
         self.head = ModernBertHead(config)
         self.classifier = Linear(config.hidden_size, config.num_labels)
-        self.requires_grad_(False)
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """classifier(drop(head(x))), classifier_dropout in training mode."""
+        y = self.head(x)
+        p = self.config.classifier_dropout if self.training else 0.0
+        return self.classifier(F.dropout(y, p, training=True) if p > 0 else y)
 
 
 class ModernBertForSequenceClassification(_ModernBertWithHead):
-    """logits = classifier(head(pool(hidden))), pool = first token ('cls') or masked mean ('mean')."""
+    """logits = classifier(head(pool(hidden))), pool = first token ('cls') or masked mean ('mean').
+    labels= -> transformers' SequenceClassifierOutput(loss, logits) (see fastenc.models.heads)."""
     task = "sequence_classification"
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        name = type(self).__name__
+        kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels, heads.grid(input_ids)[0])
         x, batch = self._encode(input_ids, attention_mask)
         pooled = batch.mean(x) if self.config.classifier_pooling == "mean" else batch.first_tokens(x)
-        return self.classifier(self.head(pooled))
+        logits = self.classify(pooled)
+        if labels is None:
+            return logits
+        return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
 
 
 class ModernBertForTokenClassification(_ModernBertWithHead):
-    """logits = classifier(head(hidden)): (batch, seq, num_labels), zeros at padded positions."""
+    """logits = classifier(head(hidden)): (batch, seq, num_labels), zeros at padded positions.
+    labels= int (batch, seq), -100 ignored -> TokenClassifierOutput(loss, logits), loss over the packed tokens."""
     task = "token_classification"
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        if labels is not None:
+            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask)
-        return batch.pad(self.classifier(self.head(x)))
+        packed = self.classify(x)
+        logits = batch.pad(packed)
+        if labels is None:
+            return logits
+        loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
+        return heads.output(self.task, loss, logits)

@@ -5,6 +5,9 @@ GELU MLP with fused bias, final norm, optional tanh pooler; image-classification
 Usage: model(pixel_values (batch, channels, H, W)) -> last hidden state (batch, 1 + patches, hidden);
 model.pool(hidden) -> pooler output. Parameter names: embeddings.{cls_token,position,patch.weight,patch.bias},
 layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.fc1,mlp.fc2}, norm, pooler, classifier.
+Training: parameters require grad; model.train() turns on transformers' dropouts (hidden_dropout_prob after the
+embeddings and on the attention and MLP outputs, attention_probs_dropout_prob on the attention probabilities);
+ViTForImageClassification takes labels= and returns transformers' ImageClassifierOutput with the loss.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
+from fastenc.models import heads
 from fastenc.models.config import ViTConfig
 from fastenc.models.padding import PackedBatch
 
@@ -25,8 +29,8 @@ class ViTEmbeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         p, c, h = cfg.patch_size, cfg.num_channels, cfg.hidden_size
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, h), requires_grad=False)
-        self.position = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, h), requires_grad=False)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, h))
+        self.position = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, h))
         self.patch = Linear(c * p * p, h)  # weight kept as (hidden, channels*p*p): conv weight flattened
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -37,7 +41,9 @@ class ViTEmbeddings(nn.Module):
         patches = pixel_values.reshape(b, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, c * p * p)
         x = self.patch(patches).view(b, g * g, -1)
         x = torch.cat([self.cls_token.expand(b, 1, -1), x], dim=1) + self.position
-        return x.reshape(b * (g * g + 1), -1)
+        x = x.reshape(b * (g * g + 1), -1)
+        p = self.cfg.hidden_dropout_prob
+        return F.dropout(x, p, training=True) if self.training and p > 0 else x
 
 
 class ViTLayer(nn.Module):
@@ -45,7 +51,8 @@ class ViTLayer(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.attn_norm = LayerNorm(h, cfg.layer_norm_eps)
-        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=cfg.qkv_bias, out_bias=True)
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=cfg.qkv_bias, out_bias=True,
+                                  dropout=cfg.attention_probs_dropout_prob)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
         self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
 
@@ -60,7 +67,6 @@ class ViTModel(LoraMixin, nn.Module):
         self.layers = nn.ModuleList(ViTLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.pooler = (Linear(config.hidden_size, config.pooler_output_size) if config.add_pooling_layer else None)
-        self.requires_grad_(False)
 
     def _check(self, pixel_values) -> torch.Tensor:
         cfg, name = self.config, type(self).__name__
@@ -82,15 +88,16 @@ class ViTModel(LoraMixin, nn.Module):
         b, s = pixel_values.shape[0], self.config.num_patches + 1
         batch = PackedBatch(None, b, s, pixel_values.device)
         h = self.embeddings(pixel_values)
+        p = self.config.hidden_dropout_prob if self.training else 0.0
         delta, delta_bias = None, None  # the last fc2 output, its bias left to the next norm
         for layer in self.layers:
             if delta is None:
                 y = layer.attn_norm(h)
             else:
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
-            a = layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=False)
-            y, h = layer.mlp_norm(a, residual=h, input_bias=layer.attn.Wo.output_bias())
-            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.fc2.output_bias()
+            a = _dropped(layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=p > 0), layer.attn.Wo, p)
+            y, h = layer.mlp_norm(a[0], residual=h, input_bias=a[1])
+            delta, delta_bias = _dropped(layer.mlp(y, out_bias=p > 0), layer.mlp.fc2, p)
         if delta is None:
             return self.norm(h), batch
         return self.norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
@@ -107,17 +114,37 @@ class ViTModel(LoraMixin, nn.Module):
         return (x, batch) if return_packed else batch.pad(x)
 
 
+def _dropped(y: torch.Tensor, linear: Linear, p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dropout(y), None) when p > 0 (y already holds the linear's bias); (y, the linear's bias) otherwise, the bias
+    left to the next LayerNorm."""
+    if p > 0:
+        return F.dropout(y, p, training=True), None
+    return y, linear.output_bias()
+
+
 class ViTForImageClassification(ViTModel):
-    """logits = classifier(hidden[:, 0]) after the final norm: (batch, num_labels)."""
+    """logits = classifier(hidden[:, 0]) after the final norm: (batch, num_labels).
+    labels= (batch,) int / float (see fastenc.models.heads) -> transformers' ImageClassifierOutput(loss, logits);
+    num_items_in_batch (single-label): the cross-entropy summed and divided by it, as transformers' loss does."""
     task = "image_classification"
 
     def __init__(self, config: ViTConfig):
         config = dataclasses.replace(config, add_pooling_layer=False)
         super().__init__(config)
         self.classifier = Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else None
-        self.requires_grad_(False)
 
-    def forward(self, pixel_values):
+    def forward(self, pixel_values, labels=None, num_items_in_batch=None):
+        kind = None
+        if labels is not None:
+            if self.classifier is None:
+                raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
+                                 f"num_labels={self.config.num_labels}")
+            n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
+            kind = heads.check_sequence_labels(type(self).__name__, self.config, labels, n)
         x, batch = self._encode(pixel_values)
         cls = batch.first_tokens(x)
-        return cls if self.classifier is None else self.classifier(cls)
+        logits = cls if self.classifier is None else self.classifier(cls)
+        if labels is None:
+            return logits
+        loss = heads.sequence_loss(self.config, kind, logits, labels, num_items_in_batch)
+        return heads.output(self.task, loss, logits)

@@ -1,0 +1,125 @@
+"""Losses of the classification heads, as transformers computes them, on packed tokens (no re-padding).
+
+Sequence / image classification (config.problem_type, inferred on the first call with labels as transformers does
+and then kept in the config):
+  "regression"                  MSE(logits, labels)        (num_labels == 1: both squeezed)
+  "single_label_classification" cross-entropy, labels int (batch,), -100 ignored
+  "multi_label_classification"  BCE-with-logits, labels float (batch, num_labels)
+Token classification: cross-entropy over the real tokens' logits (total_tokens, num_labels) against the labels
+gathered at the same tokens, -100 ignored; labels at padded positions are not read (give -100 there, as
+transformers' data collators do: transformers would count a label placed on a padded position).
+Labels are checked before any work: shape, dtype and range, with a ValueError naming `labels`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+_INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def grid(input_ids) -> tuple[int, int]:
+    """(batch, seq) of input_ids as the text models read them (a 1-D tensor is one sequence)."""
+    shape = tuple(getattr(input_ids, "shape", ()))
+    return (1, shape[0]) if len(shape) == 1 else tuple(shape[:2]) if len(shape) >= 2 else (0, 0)
+
+
+def problem_type(config, labels: torch.Tensor) -> str:
+    """config.problem_type, or transformers' inference from num_labels and the labels' dtype."""
+    if config.problem_type is not None:
+        if config.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"config.problem_type must be one of {PROBLEM_TYPES} or None, got "
+                             f"{config.problem_type!r}")
+        return config.problem_type
+    if config.num_labels == 1:
+        return "regression"
+    if config.num_labels > 1 and labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+def _range(name: str, labels: torch.Tensor, n: int) -> None:
+    """Class indices in [0, n), or IGNORE."""
+    if labels.numel() == 0:
+        return
+    bad = (labels != IGNORE) & ((labels < 0) | (labels >= n))
+    if bool(bad.any()):
+        v = labels[bad].flatten()[0].item()
+        raise ValueError(f"{name}: labels must be class indices in [0, {n}) or {IGNORE} (ignored), got {v}")
+
+
+def check_sequence_labels(name: str, config, labels, batch: int) -> str:
+    """Validate labels of a (batch,)-row classification head; returns the problem type (not yet stored)."""
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"{name}: labels must be a tensor, got {type(labels).__name__}")
+    kind = problem_type(config, labels)
+    n = config.num_labels
+    shape = tuple(labels.shape)
+    if kind == "single_label_classification":
+        if labels.dtype not in _INT:
+            raise ValueError(f"{name}: labels must be an integer tensor for {kind}, got {labels.dtype}")
+        if labels.numel() != batch or labels.dim() > 2:
+            raise ValueError(f"{name}: labels must have shape ({batch},) for {kind}, got {shape}")
+        _range(name, labels, n)
+        return kind
+    if not labels.is_floating_point():
+        raise ValueError(f"{name}: labels must be a float tensor for {kind}, got {labels.dtype}")
+    if kind == "regression" and n == 1:
+        if labels.numel() != batch or labels.dim() > 2:
+            raise ValueError(f"{name}: labels must have shape ({batch},) or ({batch}, 1) for {kind}, got {shape}")
+    elif shape != (batch, n):
+        raise ValueError(f"{name}: labels must have shape ({batch}, {n}) for {kind}, got {shape}")
+    return kind
+
+
+def check_token_labels(name: str, config, labels, shape: tuple[int, int]) -> None:
+    """Validate token-classification labels: int (batch, seq), class indices or IGNORE."""
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"{name}: labels must be a tensor, got {type(labels).__name__}")
+    if labels.dtype not in _INT:
+        raise ValueError(f"{name}: labels must be an integer tensor, got {labels.dtype}")
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"{name}: labels must have input_ids' shape {tuple(shape)}, got {tuple(labels.shape)}")
+    _range(name, labels, config.num_labels)
+
+
+def sequence_loss(config, kind: str, logits: torch.Tensor, labels: torch.Tensor,
+                  num_items_in_batch=None) -> torch.Tensor:
+    """The loss of a checked sequence/image classification call; stores the problem type in config (as
+    transformers does). num_items_in_batch (single-label only): sum / it instead of the mean (Trainer's
+    gradient-accumulation normalization, as transformers' loss functions take it)."""
+    config.problem_type = kind
+    labels = labels.to(logits.device)
+    if kind == "regression":
+        if config.num_labels == 1:
+            return F.mse_loss(logits.squeeze(), labels.to(logits.dtype).squeeze())
+        return F.mse_loss(logits, labels.to(logits.dtype))
+    if kind == "single_label_classification":
+        return cross_entropy(logits.view(-1, config.num_labels), labels.reshape(-1), num_items_in_batch)
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """Mean cross-entropy over the labels that are not IGNORE (or their sum / num_items_in_batch)."""
+    labels = labels.long()
+    if num_items_in_batch is None:
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE)
+    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def output(task: str, loss: torch.Tensor | None, logits: torch.Tensor):
+    """transformers' output type for a head (SequenceClassifierOutput, TokenClassifierOutput,
+    ImageClassifierOutput); transformers is imported only here, when a loss is asked for."""
+    try:
+        from transformers import modeling_outputs as mo
+    except ImportError as e:
+        raise ImportError(f"labels= returns transformers' output types; install transformers ({e})") from None
+    cls = {"sequence_classification": mo.SequenceClassifierOutput,
+           "token_classification": mo.TokenClassifierOutput,
+           "image_classification": mo.ImageClassifierOutput}[task]
+    return cls(loss=loss, logits=logits)
