@@ -40,10 +40,11 @@ def build_hf(name: str, quick: bool):
 
     torch.manual_seed(0)
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if quick else {}
+    vocab = dict(vocab_size=1100) if quick else {}  # (text_batch draws ids from [1000, vocab))
     if name == "bert-base":
-        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, **small))
+        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, **small, **vocab))
     elif name == "modernbert-base":
-        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small))
+        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab))
     elif name == "vit-b16":
         extra = dict(image_size=32, **small) if quick else {}
         model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=10, **extra))
