@@ -7,7 +7,8 @@ configs with random weights (seed 0).
 Workloads (as `fastenc bench models`): fixed 8 x 128 tokens (ViT: 8 images) and the variable-length batch
 (16 sequences, lengths uniform in [16, 384], seed 0) padded to its longest with a mask for every provider
 (fastenc unpads inside). Throughput counts useful (non-pad) tokens. Every provider starts from the same weights
-and labels, all in train mode (the configs' dropout); the steps of the providers are interleaved (ABAB) and
+and labels, all in train mode with the configs' dropout (BERT's attention-probability dropout set to 0 for every
+provider, as ModernBERT's and ViT's default configs have it); the steps of the providers are interleaved (ABAB) and
 the paired ratio is the median of the per-round ratios. Peak memory: the resident-set growth during one
 training step after the warm-up steps (optimizer state already allocated), sampled every millisecond
 (fastenc.benchmark.timing.peak_memory). Before timing, each provider's eval-mode logits are checked against
@@ -42,7 +43,8 @@ def build_hf(name: str, quick: bool):
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if quick else {}
     vocab = dict(vocab_size=1100) if quick else {}  # (text_batch draws ids from [1000, vocab))
     if name == "bert-base":
-        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, **small, **vocab))
+        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, attention_probs_dropout_prob=0.0,
+                                                               **small, **vocab))
     elif name == "modernbert-base":
         model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab))
     elif name == "vit-b16":
@@ -135,11 +137,11 @@ def _stepper(model: torch.nn.Module, own: bool, inputs: dict, labels: torch.Tens
         loss = F.cross_entropy(_logits(model, inputs, own), labels)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
     return step
 
 
-def run_case(name: str, mode: str, providers: list[str], *, quick: bool, log: Callable[[str], None],
+def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
              tick: Callable[[], None] | None = None) -> dict:
     """One model x mode: rows per provider x workload with throughput, ratios to the baseline, peak memory."""
     hf = build_hf(name, quick)
@@ -154,7 +156,7 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, log: Ca
         for p, s in steps.items():  # warm-up (and compilation) outside the timing
             s()
         mem = {p: timing.peak_memory(s)[0] for p, s in steps.items()}
-        samples = timing.interleaved(steps, "cpu", warmup=0, repeats=2 if quick else 5, on_round=tick)
+        samples = timing.interleaved(steps, "cpu", warmup=0, repeats=repeats, on_round=tick)
         thr = {p: units / (timing.summarize(s).median_ms / 1e3) for p, s in samples.items()}
         for p, s in samples.items():
             st = timing.summarize(s)
@@ -174,7 +176,9 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, log: Ca
 
 
 def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
-                plots: bool = True, note: str | None = None) -> dict:
+                plots: bool = True, note: str | None = None, repeats: int | None = None) -> dict:
+    """Every model x mode; repeats: timed rounds per workload (default 2 with quick, else 3: a BERT-base step
+    takes seconds to tens of seconds on a few CPU cores)."""
     from tqdm import tqdm
 
     names = models or (["bert-base"] if quick else list(MODELS))
@@ -190,8 +194,11 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     def log(msg):
         tqdm.write(msg, file=sys.stderr)
 
+    repeats = repeats or (2 if quick else 3)
+    if repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {repeats}")
     meta = report.metadata("cpu", torch.float32, quick)
-    meta.update(note=note, threads=torch.get_num_threads(), lr=LR, optimizer="torch.optim.AdamW (foreach default)",
+    meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR, optimizer="torch.optim.AdamW (foreach default)",
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
                 lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA))
     t0 = time.perf_counter()
@@ -200,7 +207,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     for n in names:
         for mode in modes:
             bar.set_postfix_str(f"{n} {mode}")
-            results.append(run_case(n, mode, providers, quick=quick, log=log, tick=bar.refresh))
+            results.append(run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh))
             bar.update(1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]
