@@ -9,6 +9,7 @@ fixed seed and split 80/20 into train and held-out test. Full fine-tuning trains
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -20,24 +21,30 @@ import torch.nn.functional as F
 PACKAGES = ("email", "asyncio", "unittest", "xml")
 
 
-def labelled_passages(per_class: int, seed: int = 0, min_chars: int = 40, max_chars: int = 1500):
-    """([text], [label]): up to `per_class` docstrings of each package in PACKAGES (label = its index), test
-    modules left out, drawn with a seeded shuffle."""
+@functools.lru_cache(maxsize=None)
+def _package_docs(pkg: str, min_chars: int, max_chars: int) -> tuple[str, ...]:
+    """The distinct docstrings (min_chars..max_chars long) of a standard-library package, test modules left out."""
     import sysconfig
 
     from fastenc.corpus.docstrings import _docstrings
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
+    docs = {d for f in sorted((stdlib / pkg).rglob("*.py")) if "test" not in f.parts and "tests" not in f.parts
+            for d in _docstrings(f) if min_chars <= len(d) <= max_chars}
+    if len(docs) < 4:
+        raise RuntimeError(f"finetune: the standard library's {pkg!r} package has too few docstrings "
+                           f"({len(docs)}) under {stdlib}")
+    return tuple(sorted(docs))
+
+
+def labelled_passages(per_class: int, seed: int = 0, min_chars: int = 40, max_chars: int = 1500):
+    """([text], [label]): up to `per_class` docstrings of each package in PACKAGES (label = its index), test
+    modules left out, drawn with a seeded shuffle."""
     rng = random.Random(seed)
     texts, labels = [], []
     for label, pkg in enumerate(PACKAGES):
-        docs = [d for f in sorted((stdlib / pkg).rglob("*.py")) if "test" not in f.parts and "tests" not in f.parts
-                for d in _docstrings(f) if min_chars <= len(d) <= max_chars]
-        docs = sorted(set(docs))
+        docs = list(_package_docs(pkg, min_chars, max_chars))
         rng.shuffle(docs)
-        if len(docs) < 4:
-            raise RuntimeError(f"finetune: the standard library's {pkg!r} package has too few docstrings "
-                               f"({len(docs)}) under {stdlib}")
         texts += docs[:per_class]
         labels += [label] * min(per_class, len(docs))
     order = list(range(len(texts)))
@@ -70,8 +77,9 @@ def _hf_classifier(path: str, num_labels: int, seed: int):
 
     transformers.logging.set_verbosity_error()  # "some weights newly initialized": the classifier, as intended
     torch.manual_seed(seed)
+    # attention-probability dropout off (the hidden-state dropouts stay): a short run on a few hundred examples
     return transformers.AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=num_labels, id2label=dict(enumerate(PACKAGES)), label2id={p: i for i, p in
+        path, num_labels=num_labels, attention_probs_dropout_prob=0.0, id2label=dict(enumerate(PACKAGES)), label2id={p: i for i, p in
                                                                               enumerate(PACKAGES)})
 
 
@@ -121,15 +129,16 @@ def finetune(lora: bool = False, out: str | Path = "finetuned", epochs: int = 3,
     log(f"held-out accuracy {acc:.1%} (before training {before:.1%}, chance {1 / len(PACKAGES):.0%}) "
         f"after {time.perf_counter() - t0:.0f} s of training")
     out = Path(out)
-    diff = save_and_reload(model, lora, out, path, tok, test_x[:8], seed)
+    diff = save_and_reload(model, hf, lora, out, path, tok, test_x[:8], seed)
     log(f"saved to {out}; reloaded in {'transformers + PEFT' if lora else 'transformers'}: max |logit difference| "
         f"{diff:.2e}")
     return {"losses": losses, "accuracy": acc, "accuracy_before": before, "chance": 1 / len(PACKAGES),
             "reload_max_diff": diff, "out": out}
 
 
-def save_and_reload(model, lora: bool, out: Path, path: str, tok, texts, seed: int) -> float:
-    """Save (save_lora / save_pretrained), load back in transformers (+ PEFT) and return the max |logit diff|."""
+def save_and_reload(model, hf, lora: bool, out: Path, path: str, tok, texts, seed: int) -> float:
+    """Save (LoRA: model.save_lora; full: the weights through the inverse weight map into the transformers
+    model `hf`, then its save_pretrained), load back in transformers (+ PEFT), return the max |logit diff|."""
     enc = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
     model.eval()
     with torch.no_grad():
@@ -143,7 +152,12 @@ def save_and_reload(model, lora: bool, out: Path, path: str, tok, texts, seed: i
     else:
         import transformers
 
-        model.save_pretrained(out)
+        from fastenc.models import convert
+
+        entries = convert.MAPS[model.config.model_type](model.config, model.task, convert.HEAD_PREFIX["bert"])
+        state = convert.fastenc_to_hf(entries, {k: v.detach() for k, v in model.state_dict().items()}, model.config)
+        hf.load_state_dict(state, strict=True)
+        hf.save_pretrained(out)
         tok.save_pretrained(out)
         hf = transformers.AutoModelForSequenceClassification.from_pretrained(out)
     hf.eval()
