@@ -356,8 +356,10 @@ Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approxi
 // ---------------------------------------------------------------- attention (cpu)
 // q, k, v: (total_tokens, heads, head_dim) fp32/fp16/bf16 -> (out like q, lse (heads, total_tokens) fp32); the
 // kernel computes in fp32.
+// dropout_p > 0: attention-probability dropout with the keep-mask of (seed, offset) (csrc/cpu/attention_dropout.h).
 std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                                     int64_t max_seqlen, int64_t window_left, int64_t window_right, double scale) {
+                                     int64_t max_seqlen, int64_t window_left, int64_t window_right, double scale,
+                                     double dropout_p, int64_t seed, int64_t offset) {
   check_cpu(q, "q");
   check_cpu(k, "k");
   check_cpu(v, "v");
@@ -368,6 +370,7 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
   TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2,
               "attention: cu_seqlens must be 1-D int32 of length batch+1");
   TORCH_CHECK(window_left >= -1 && window_right >= -1, "attention: window sizes must be >= 0 or -1 (unbounded)");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "attention: dropout_p must be in [0, 1), got ", dropout_p);
   // A private copy: the values checked here are the values the kernel reads (the caller's tensor can change).
   Tensor cu = cu_seqlens.clone(at::MemoryFormat::Contiguous);
   const int32_t* c = cu.data_ptr<int32_t>();
@@ -381,7 +384,7 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
   if (total > 0 && q.size(1) > 0 && q.size(2) > 0) {
     fastenc_cpu::attention_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
                                out.data_ptr<float>(), c, batch, q.size(1), q.size(2), window_left, window_right,
-                               (float)scale, at::get_num_threads(), lse.data_ptr<float>());
+                               (float)scale, at::get_num_threads(), lse.data_ptr<float>(), dropout_p, seed, offset);
   } else {
     out.zero_();
     lse.fill_(INFINITY);
@@ -391,11 +394,13 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
 }
 
 // Backward of attention (csrc/cpu/attention_bwd.cpp): grad, q, k, v, out (total_tokens, heads, head_dim) of one shape,
-// lse (heads, total_tokens) fp32 from the forward -> (dq, dk, dv) in q's dtype; fp32 math.
+// lse (heads, total_tokens) fp32 from the forward -> (dq, dk, dv) in q's dtype; fp32 math. dropout_p, seed, offset:
+// the forward's. need_dq / need_dkdv false: that gradient is not computed and comes back empty (numel 0).
 std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
                                                  int64_t max_seqlen, int64_t window_left, int64_t window_right,
-                                                 double scale) {
+                                                 double scale, double dropout_p, int64_t seed, int64_t offset,
+                                                 bool need_dq, bool need_dkdv) {
   const std::pair<const Tensor*, const char*> args[] = {{&grad, "grad"}, {&q, "q"},     {&k, "k"},
                                                         {&v, "v"},       {&out, "out"}, {&lse, "lse"},
                                                         {&cu_seqlens, "cu_seqlens"}};
@@ -418,13 +423,18 @@ std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tenso
   for (int64_t b = 0; b < batch; ++b)
     TORCH_CHECK(c[b + 1] >= c[b], "attention_bwd: cu_seqlens must be non-decreasing");
   Tensor gf = f32(grad), qf = f32(q), kf = f32(k), vf = f32(v), of = f32(out), lf = lse.contiguous();
-  Tensor dq = cpu_empty_like(qf), dk = cpu_empty_like(qf), dv = cpu_empty_like(qf);
-  if (total > 0 && heads > 0 && q.size(2) > 0)
-    fastenc_cpu::attention_bwd(gf.data_ptr<float>(), qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
-                               of.data_ptr<float>(), lf.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
-                               dv.data_ptr<float>(), c, batch, heads, q.size(2), window_left, window_right,
-                               (float)scale, at::get_num_threads());
-  else {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "attention_bwd: dropout_p must be in [0, 1), got ", dropout_p);
+  auto none = [&] { return at::empty({0}, q.options()); };  // one tensor per output: outputs never alias
+  Tensor dq = need_dq ? cpu_empty_like(qf) : none();
+  Tensor dk = need_dkdv ? cpu_empty_like(qf) : none(), dv = need_dkdv ? cpu_empty_like(qf) : none();
+  if (total > 0 && heads > 0 && q.size(2) > 0) {
+    if (need_dq || need_dkdv)
+      fastenc_cpu::attention_bwd(gf.data_ptr<float>(), qf.data_ptr<float>(), kf.data_ptr<float>(),
+                                 vf.data_ptr<float>(), of.data_ptr<float>(), lf.data_ptr<float>(),
+                                 need_dq ? dq.data_ptr<float>() : nullptr, need_dkdv ? dk.data_ptr<float>() : nullptr,
+                                 need_dkdv ? dv.data_ptr<float>() : nullptr, c, batch, heads, q.size(2), window_left,
+                                 window_right, (float)scale, at::get_num_threads(), dropout_p, seed, offset);
+  } else {
     dq.zero_();
     dk.zero_();
     dv.zero_();
@@ -862,8 +872,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_bwd", &gelu_bwd, "gelu backward: (dx, dbias)");
   m.def("geglu_bwd", &geglu_bwd, "geglu backward: dx = [d input | d gate]");
   // attention (cpu) defs
-  m.def("attention", &attention, "varlen bidirectional attention (online softmax, window), fp32 math -> (out, lse)");
-  m.def("attention_bwd", &attention_bwd, "backward of attention from out and lse: (dq, dk, dv), fp32 math");
+  m.def("attention", &attention, "varlen bidirectional attention (online softmax, window, dropout), fp32 math -> (out, lse)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("window_left"),
+        py::arg("window_right"), py::arg("scale"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0,
+        py::arg("offset") = 0);
+  m.def("attention_bwd", &attention_bwd, "backward of attention from out and lse: (dq, dk, dv), fp32 math",
+        py::arg("grad"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
+        py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("window_left"), py::arg("window_right"),
+        py::arg("scale"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0, py::arg("offset") = 0,
+        py::arg("need_dq") = true, py::arg("need_dkdv") = true);
   // lora (cpu) defs
   m.def("merge_lora", &merge_lora, "W + scale * B @ A, fp32 accumulation, rounded once");
   m.def("lora_linear", &lora_linear, "x W^T + b + scale (x A^T) B^T via torch GEMMs, fp32");

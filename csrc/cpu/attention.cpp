@@ -9,7 +9,10 @@
 //   l_i  = alpha_i l_i + sum_j P_ji;  O_i = alpha_i O_i + sum_j P_ji v_j;  m_i = m'_i
 // and out_i = O_i / l_i at the end. Both products run one register-blocked micro-kernel (a row of one operand
 // broadcast against registers of the other). Working memory per thread: Q^T block, K, V, S tiles, O block.
+// Dropout (p > 0, keep-mask Z of attention_dropout.h): l sums the undropped P, the product takes P * Z, and
+//   out_i = O_i / l_i / (1 - p)     i.e.  out = (softmax * Z / (1 - p)) V.
 #include "attention.h"
+#include "attention_dropout.h"
 #include "attention_simd.h"
 #include "buffer_cache.h"
 
@@ -77,7 +80,8 @@ inline void key_range(int64_t a, int64_t b, int64_t len, int64_t wl, int64_t wr,
 
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
-                   float scale, int num_threads, float* lse) {
+                   float scale, int num_threads, float* lse, double dropout_p, int64_t seed, int64_t offset) {
+  const Dropout drop(dropout_p, seed, offset);
   const int64_t H = heads, D = head_dim, ld = H * D;
   const int64_t total = cu_seqlens[batch];
   const int64_t Dp = (D + VW - 1) / VW * VW;  // V and O rows padded to whole registers
@@ -180,6 +184,8 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         std::fill(w.o, w.o + rows * Dp, 0.f);
         std::fill(w.m, w.m + bm, M_INIT);
         std::fill(w.l, w.l + bm, 0.f);
+        alignas(64) uint32_t rkeys[BM];  // dropout row keys of the block's query lanes
+        if (drop.on) drop.rows(h, item.start + i0, lanes, rkeys);
 
         // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
         int64_t kb, ke;
@@ -229,10 +235,20 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
             const vf m_new = vmax(m_old, mx);
             const vf a = vexp2(m_old - m_new);
             vf sum = vf{};
-            for (int64_t j = 0; j < nk; ++j) {
-              const vf p = vexp2(vload(st + j * bm) - m_new);
-              vstore(st + j * bm, p);
-              sum += p;
+            if (!drop.on) {
+              for (int64_t j = 0; j < nk; ++j) {
+                const vf p = vexp2(vload(st + j * bm) - m_new);
+                vstore(st + j * bm, p);
+                sum += p;
+              }
+            } else {  // l sums every P; the product gets P * Z
+              vu rk;
+              std::memcpy(&rk, rkeys + c * VW, sizeof(vu));
+              for (int64_t j = 0; j < nk; ++j) {
+                const vf p = vexp2(vload(st + j * bm) - m_new);
+                vstore(st + j * bm, drop.apply(p, rk, j0 + j));
+                sum += p;
+              }
             }
             vstore(w.m + c * VW, m_new);
             vstore(w.l + c * VW, vload(w.l + c * VW) * a + sum);
@@ -245,7 +261,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
 
         float* ob = out + (item.start + i0) * ld + h * D;
         for (int64_t r = 0; r < rows; ++r) {
-          const float inv = w.l[r] > 0.f ? 1.f / w.l[r] : 0.f;
+          const float inv = w.l[r] > 0.f ? drop.keep_scale / w.l[r] : 0.f;
           for (int64_t d = 0; d < D; ++d) ob[r * ld + d] = w.o[r * Dp + d] * inv;
         }
         if (lse != nullptr) {  // natural log-sum-exp of the row's scaled scores: (m + log2 l) ln 2; +inf if no key

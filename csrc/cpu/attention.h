@@ -11,16 +11,21 @@ namespace fastenc_cpu {
 // i - window_left <= j <= i + window_right (-1 = unbounded). scale multiplies q.k. num_threads <= 0: OpenMP's
 // default. Working memory is O(tile) per thread; no (seq x seq) buffer. lse (may be null): (heads, total_tokens)
 // fp32, each query row's natural log-sum-exp of scale * q.k over its visible keys (+inf when it sees none).
+// dropout_p > 0: the normalized probabilities are multiplied by the keep-mask of (seed, offset) / (1 - dropout_p)
+// (attention_dropout.h); lse stays that of the undropped scores.
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
-                   float scale, int num_threads, float* lse = nullptr);
+                   float scale, int num_threads, float* lse = nullptr, double dropout_p = 0.0, int64_t seed = 0,
+                   int64_t offset = 0);
 
 // Backward of attention_fwd (FlashAttention-2's): from grad = dL/dout, out and the forward's lse, writes dq, dk, dv
 // (all (total_tokens, heads, head_dim) contiguous fp32; every element written). Same layout, window and threading
-// as attention_fwd; working memory per thread is O(tile + sequence length), never (seq x seq).
+// as attention_fwd; working memory per thread is O(tile + sequence length), never (seq x seq). dropout_p, seed,
+// offset: the forward's (the keep-mask is regenerated). dq null: dq is not computed (nor its product); dk and dv
+// null together: neither is (nor the dK and dV products).
 void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
-                   int num_threads);
+                   int num_threads, double dropout_p = 0.0, int64_t seed = 0, int64_t offset = 0);
 
 }  // namespace fastenc_cpu

@@ -15,7 +15,12 @@
 // Five products of (BN x BM x D) per tile pair, 2.5x the forward's two, all on the forward's micro-kernel
 // (attention_simd.h). Working memory per thread: the item's Q^T and dO^T panels, Q, dO rows and the dQ
 // accumulator (linear in the sequence length) plus O(BN x BM) tiles; no (seq x seq) buffer.
+// Dropout (p > 0): the keep-mask Z (attention_dropout.h) is regenerated per tile, with Pd = P * Z / (1 - p):
+//   dV_j += sum_i Pd^T_ji dO_i;   dS^T = P^T * (dP^T * Z/(1-p) - D) = Pd^T * dP^T - P^T * D
+// (D = rowsum(dO * O) is unchanged: sum_j P_ij dP_ij Z_ij/(1-p) = dO_i . O_i). Gradients not asked for skip their
+// products: no dq: the dQ product; no dk, dv: the dV and dK products.
 #include "attention.h"
+#include "attention_dropout.h"
 #include "attention_simd.h"
 #include "buffer_cache.h"
 
@@ -35,17 +40,18 @@ static_assert(BM % PW == 0, "query blocks must be whole Q^T panels");
 constexpr float LOG2E = 1.4426950408889634f;
 
 struct BwdWork {
-  float *qt, *gt, *qr, *gr, *dqa, *lse2, *delta;  // per item: (len rounded up to panels) x D / x Dp, len
-  float *kp, *vp, *dka, *dva, *st, *dst, *ones;   // per key tile
+  float *qt, *gt, *qr, *gr, *dqa, *lse2, *delta, *rkeys;  // per item: (len rounded up to panels) x D / x Dp, len
+  float *kp, *vp, *dka, *dva, *st, *dst, *ones, *pdt;     // per key tile (pdt: Pd^T, with dropout only)
 };
 
 // One thread's buffers carved from p (64-byte aligned pieces); returns the floats used when p is null.
-int64_t carve_bwd(float* p, int64_t D, int64_t Dp, int64_t lanes, BwdWork* w) {
+int64_t carve_bwd(float* p, int64_t D, int64_t Dp, int64_t lanes, bool dropout, BwdWork* w) {
   const int64_t sizes[] = {lanes * D, lanes * D, lanes * Dp, lanes * Dp, lanes * Dp, lanes, lanes,
-                           BN * Dp, BN * Dp, BN * Dp, BN * Dp, BN * BM, BN * BM, std::max(BN, BM)};
+                           dropout ? lanes : 0, BN * Dp, BN * Dp, BN * Dp, BN * Dp, BN * BM, BN * BM,
+                           std::max(BN, BM), dropout ? BN * BM : 0};
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
-  float** dst[n] = {&w->qt, &w->gt, &w->qr, &w->gr, &w->dqa, &w->lse2, &w->delta,
-                    &w->kp, &w->vp, &w->dka, &w->dva, &w->st, &w->dst, &w->ones};
+  float** dst[n] = {&w->qt, &w->gt, &w->qr, &w->gr, &w->dqa, &w->lse2, &w->delta, &w->rkeys,
+                    &w->kp, &w->vp, &w->dka, &w->dva, &w->st, &w->dst, &w->ones, &w->pdt};
   int64_t total = 0;
   for (int i = 0; i < n; ++i) {
     if (p != nullptr) *dst[i] = p + total;
@@ -75,7 +81,9 @@ inline void pack_panels(const float* src, int64_t ld, int64_t len, int64_t lanes
 void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
-                   int num_threads) {
+                   int num_threads, double dropout_p, int64_t seed, int64_t offset) {
+  const Dropout drop(dropout_p, seed, offset);
+  const bool need_dq = dq != nullptr, need_dkdv = dk != nullptr && dv != nullptr;
   const int64_t H = heads, D = head_dim, ld = H * D, total = cu_seqlens[batch];
   const int64_t Dp = (D + VW - 1) / VW * VW;
   const int64_t wl = window_left, wr = window_right;
@@ -99,13 +107,13 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
   if (n_items == 0) return;
   const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
   BwdWork w0{};
-  const int64_t per_thread = carve_bwd(nullptr, D, Dp, max_lanes, &w0);
+  const int64_t per_thread = carve_bwd(nullptr, D, Dp, max_lanes, drop.on, &w0);
   float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
 
 #pragma omp parallel num_threads(nt)
   {
     BwdWork w{};
-    carve_bwd(mem + per_thread * omp_get_thread_num(), D, Dp, max_lanes, &w);
+    carve_bwd(mem + per_thread * omp_get_thread_num(), D, Dp, max_lanes, drop.on, &w);
     std::fill(w.ones, w.ones + std::max(BN, BM), 1.f);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
@@ -117,8 +125,10 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       // Per item: Q^T (scaled to log2 units) and dO^T panels, Q and dO rows, lse2, D = rowsum(dO * O).
       pack_panels(q + off, ld, len, lanes, D, qscale, w.qt);
       pack_panels(grad + off, ld, len, lanes, D, 1.f, w.gt);
-      pack_rows(q + off, ld, len, D, Dp, w.qr);
-      pack_rows(grad + off, ld, len, D, Dp, w.gr);
+      if (need_dkdv) {  // rows for the dK and dV products only
+        pack_rows(q + off, ld, len, D, Dp, w.qr);
+        pack_rows(grad + off, ld, len, D, Dp, w.gr);
+      }
       std::fill(w.dqa, w.dqa + len * Dp, 0.f);
       for (int64_t i = 0; i < len; ++i) {
         w.lse2[i] = lse[h * total + start + i] * LOG2E;  // +inf (a row without keys) gives P = 0
@@ -130,6 +140,8 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       }
       std::fill(w.lse2 + len, w.lse2 + lanes, 0.f);  // lanes past the sequence: computed, never read back
       std::fill(w.delta + len, w.delta + lanes, 0.f);
+      uint32_t* rkeys = reinterpret_cast<uint32_t*>(w.rkeys);  // dropout row keys of the item's query lanes
+      if (drop.on) drop.rows(h, start, lanes, rkeys);
 
       for (int64_t j0 = 0; j0 < len; j0 += BN) {
         const int64_t nk = std::min(BN, len - j0);
@@ -169,32 +181,57 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
             }
           }
 
-          // dV += P^T dO (one row per key, registers along the features).
-          product<true>({w.st, BM, 1, w.gr + i0 * Dp, Dp, rows, w.dva, Dp, w.ones, 0}, nk, Dp / VW);
-          // dP^T = V dO^T; dS^T = P^T (dP^T - D).
+          if (drop.on) {  // Pd^T = P^T * Z / (1 - p)
+            const vf ks = vset(drop.keep_scale);
+            for (int64_t c = 0; c < qcols; ++c) {
+              vu rk;
+              std::memcpy(&rk, rkeys + i0 + c * VW, sizeof(vu));
+              for (int64_t j = 0; j < nk; ++j)
+                vstore(w.pdt + j * BM + c * VW, drop.apply(vload(w.st + j * BM + c * VW) * ks, rk, j0 + j));
+            }
+          }
+
+          // dV += P^T dO (Pd^T dO with dropout; one row per key, registers along the features).
+          if (need_dkdv)
+            product<true>({drop.on ? w.pdt : w.st, BM, 1, w.gr + i0 * Dp, Dp, rows, w.dva, Dp, w.ones, 0}, nk,
+                          Dp / VW);
+          // dP^T = V dO^T; dS^T = P^T (dP^T - D)  (dropout: Pd^T dP^T - P^T D).
           product<false>({w.vp, Dp, 1, gtp, PW, D, w.dst, BM, nullptr, PW * D}, nk, qcols);
           for (int64_t c = 0; c < qcols; ++c) {
             const vf dl = vload(w.delta + i0 + c * VW);
-            for (int64_t j = 0; j < nk; ++j) {
-              float* ds = w.dst + j * BM + c * VW;
-              vstore(ds, vload(w.st + j * BM + c * VW) * (vload(ds) - dl));
+            if (!drop.on) {
+              for (int64_t j = 0; j < nk; ++j) {
+                float* ds = w.dst + j * BM + c * VW;
+                vstore(ds, vload(w.st + j * BM + c * VW) * (vload(ds) - dl));
+              }
+            } else {
+              for (int64_t j = 0; j < nk; ++j) {
+                float* ds = w.dst + j * BM + c * VW;
+                vstore(ds, vload(w.pdt + j * BM + c * VW) * vload(ds) - vload(w.st + j * BM + c * VW) * dl);
+              }
             }
           }
           // dK += dS^T Q;  dQ[i0 : i0 + rows] += dS K (one row per query).
-          product<true>({w.dst, BM, 1, w.qr + i0 * Dp, Dp, rows, w.dka, Dp, w.ones, 0}, nk, Dp / VW);
-          product<true>({w.dst, 1, BM, w.kp, Dp, nk, w.dqa + i0 * Dp, Dp, w.ones, 0}, rows, Dp / VW);
+          if (need_dkdv)
+            product<true>({w.dst, BM, 1, w.qr + i0 * Dp, Dp, rows, w.dka, Dp, w.ones, 0}, nk, Dp / VW);
+          if (need_dq)
+            product<true>({w.dst, 1, BM, w.kp, Dp, nk, w.dqa + i0 * Dp, Dp, w.ones, 0}, rows, Dp / VW);
         }
-        float* dkt = dk + off + j0 * ld;
-        float* dvt = dv + off + j0 * ld;
-        for (int64_t j = 0; j < nk; ++j)
-          for (int64_t d = 0; d < D; ++d) {
-            dkt[j * ld + d] = w.dka[j * Dp + d] * scale;
-            dvt[j * ld + d] = w.dva[j * Dp + d];
-          }
+        if (need_dkdv) {
+          float* dkt = dk + off + j0 * ld;
+          float* dvt = dv + off + j0 * ld;
+          for (int64_t j = 0; j < nk; ++j)
+            for (int64_t d = 0; d < D; ++d) {
+              dkt[j * ld + d] = w.dka[j * Dp + d] * scale;
+              dvt[j * ld + d] = w.dva[j * Dp + d];
+            }
+        }
       }
-      float* dqt = dq + off;
-      for (int64_t i = 0; i < len; ++i)
-        for (int64_t d = 0; d < D; ++d) dqt[i * ld + d] = w.dqa[i * Dp + d] * scale;
+      if (need_dq) {
+        float* dqt = dq + off;
+        for (int64_t i = 0; i < len; ++i)
+          for (int64_t d = 0; d < D; ++d) dqt[i * ld + d] = w.dqa[i * Dp + d] * scale;
+      }
     }
   }
   cache_free(mem);

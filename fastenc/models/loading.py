@@ -60,9 +60,10 @@ def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefi
         raise ValueError(f"{arch} ({task}): {e.args[0]}") from None
     except ValueError as e:
         raise ValueError(f"{arch} ({task}): {e}") from None
-    if copy:
-        shared = {id(t) for t in hf_state.values()}
-        state = {k: v.detach().clone() if id(v) in shared else v for k, v in state.items()}
+    if copy:  # every tensor sharing memory with the checkpoint's (views such as the reshaped patch weight too)
+        shared = {t.untyped_storage().data_ptr() for t in hf_state.values() if t.device.type != "meta"}
+        state = {k: v.detach().clone() if v.device.type != "meta" and v.untyped_storage().data_ptr() in shared
+                 else v for k, v in state.items()}
     with torch.device("meta"):
         model = model_class(arch, task)(cfg)
     expected = dict(model.state_dict())

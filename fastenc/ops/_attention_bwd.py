@@ -5,6 +5,11 @@ Contract of every backend (packed variable-length layout, as the forward):
   fn(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale) -> (dq, dk, dv)
   grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous, one dtype; lse: (heads, total_tokens) fp32 as the
   forward saved it; dq, dk, dv in q's dtype. The probabilities are recomputed from lse, never stored.
+With dropout, or when only some gradients are needed, a backend gets five more arguments,
+  fn(..., scale, dropout_p, seed, offset, need_dq, need_dkdv)
+(the forward's dropout_p, seed, offset: the keep-mask is regenerated, never stored); a gradient not needed comes
+back as an empty tensor and its work is skipped where the kernels allow (dq: the Triton dQ kernel, the CPU
+kernel's dQ product; dk and dv: the Triton dK/dV kernel, the CPU kernel's dK and dV products).
 """
 from __future__ import annotations
 
@@ -19,8 +24,12 @@ from fastenc.registry import _dt
 OP_BWD = "attention_bwd"
 
 
-def _reference(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale):
-    return attention_bwd_varlen_ref(grad, q, k, v, out, lse, cu_seqlens, (window_left, window_right), scale)
+def _reference(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p=0.0,
+               seed=0, offset=0, need_dq=True, need_dkdv=True):
+    dq, dk, dv = attention_bwd_varlen_ref(grad, q, k, v, out, lse, cu_seqlens, (window_left, window_right), scale,
+                                          dropout_p=dropout_p, seed=seed, offset=offset)
+    return (dq if need_dq else q.new_empty(0), dk if need_dkdv else q.new_empty(0),
+            dv if need_dkdv else q.new_empty(0))
 
 
 def check_bwd_args(grad, q, k, v, out, lse) -> None:
@@ -41,15 +50,24 @@ def check_bwd_args(grad, q, k, v, out, lse) -> None:
 @custom_op("fastenc::attention_bwd", mutates_args=())
 def _attention_bwd_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                       lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int,
-                      window_right: int, scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      window_right: int, scale: float, backend: str, dropout_p: float = 0.0, seed: int = 0,
+                      offset: int = 0, need_dq: bool = True,
+                      need_dkdv: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_bwd_args(grad, q, k, v, out, lse)
-    return registry.impl(OP_BWD, backend).fn(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left,
-                                             window_right, scale)
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"{OP_BWD}: dropout_p must be in [0, 1), got {dropout_p!r}")
+    fn = registry.impl(OP_BWD, backend).fn
+    args = (grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale)
+    if dropout_p > 0 or not (need_dq and need_dkdv):
+        return fn(*args, dropout_p, seed, offset, need_dq, need_dkdv)
+    return fn(*args)
 
 
 @_attention_bwd_op.register_fake
-def _(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, backend):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, backend, dropout_p=0.0,
+      seed=0, offset=0, need_dq=True, need_dkdv=True):
+    return (torch.empty_like(q) if need_dq else q.new_empty(0), torch.empty_like(k) if need_dkdv else q.new_empty(0),
+            torch.empty_like(v) if need_dkdv else q.new_empty(0))
 
 
 def _head_dim(inputs) -> int:
@@ -57,6 +75,8 @@ def _head_dim(inputs) -> int:
 
 
 def _triton_check(inputs) -> list[str]:
+    if inputs.get("dropout_p", 0.0) > 0:
+        return ["dropout_p > 0 not supported yet"]
     d = _head_dim(inputs)
     if d % 8 or not 8 <= d <= 256:
         return [f"head_dim must be a multiple of 8 in [8, 256], got {d}"]
@@ -85,24 +105,26 @@ _backends.cuda(OP_BWD, "attention_bwd", dtypes=(torch.float16, torch.bfloat16), 
                       "<= 256")
 
 
-def _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale) -> dict:
+def _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p=0.0) -> dict:
     return {"grad": grad, "q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
-            "window": (wl, wr), "scale": scale}
+            "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}
 
 
 def setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend = inputs
+    """Saves q, k, v, out, lse, cu_seqlens; with dropout only (seed, offset) besides (never the mask)."""
+    q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, *drop = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
     ctx.mark_non_differentiable(lse)
     ctx.args = (max_seqlen, wl, wr, scale, backend)
+    ctx.dropout = tuple(drop) + (0.0, 0, 0)[len(drop):]  # (dropout_p, seed, offset)
 
 
 def backward(ctx, grad, _grad_lse):
     """grad: d loss / d out (any strides, zero strides included); lse is not differentiable (its gradient is
     ignored). Inputs that need no gradient get None; nothing is computed when none does."""
     need = ctx.needs_input_grad[:3]
-    nones = (None,) * 6
+    nones = (None,) * (len(ctx.needs_input_grad) - 3)
     if not any(need):
         return (None, None, None) + nones
     q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
@@ -111,7 +133,12 @@ def backward(ctx, grad, _grad_lse):
         raise ValueError(f"attention backward: grad must be {_dt(out.dtype)} of shape {tuple(out.shape)}, got "
                          f"{_dt(grad.dtype)} {tuple(grad.shape)}")
     grad = grad.contiguous()
-    impl = registry.select_backward(OP_BWD, _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale),
-                                    backend)
-    dq, dk, dv = _attention_bwd_op(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)
+    dropout_p, seed, offset = ctx.dropout
+    impl = registry.select_backward(OP_BWD, _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale,
+                                                        dropout_p), backend)
+    if dropout_p > 0 or not all(need):
+        dq, dk, dv = _attention_bwd_op(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend,
+                                       dropout_p, seed, offset, need[0], need[1] or need[2])
+    else:
+        dq, dk, dv = _attention_bwd_op(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + nones

@@ -5,7 +5,13 @@ Every backend implements one contract, the packed variable-length form (FlashAtt
   q, k, v: (total_tokens, heads, head_dim) contiguous; cu_seqlens: int32 (batch+1,); window -1 = unbounded;
   lse: (heads, total_tokens) fp32, the natural log-sum-exp of each query row's scaled scores (+inf for a row with
   no visible key), the one thing besides out the backward needs (FlashAttention-2 saves the same).
-The backward (fastenc::attention_bwd, one Impl per backend) recomputes the probabilities tile by tile from lse.
+With attention dropout (dropout_p > 0) a backend is called with three more arguments,
+  fn(..., scale, dropout_p, seed, offset)
+and applies the keep-mask of fastenc/reference/attention_dropout.py (a pure function of seed, offset and the
+element's counters) to the normalized probabilities, scaling kept ones by 1/(1-p); lse is unchanged. At
+dropout_p = 0 no backend gets those arguments and no random number is drawn.
+The backward (fastenc::attention_bwd, one Impl per backend) recomputes the probabilities tile by tile from lse
+(and the keep-mask from seed and offset).
 The padded layout is served through it: without a mask as a free view, with a mask by unpadding once and
 re-padding the output (padded query rows are zero).
 """
@@ -31,20 +37,24 @@ OP = "attention"
 OP_BWD = "attention_bwd"
 
 
-def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale):
+def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p=0.0, seed=0, offset=0):
     window = (window_left, window_right)
-    out = attention_varlen_ref(q, k, v, cu_seqlens, window, scale)
+    out = attention_varlen_ref(q, k, v, cu_seqlens, window, scale, dropout_p=dropout_p, seed=seed, offset=offset)
     return out, attention_lse_varlen_ref(q, k, cu_seqlens, window, scale).float()
 
 
 @custom_op("fastenc::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                  window_left: int, window_right: int, scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return registry.impl(OP, backend).fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
+                  window_left: int, window_right: int, scale: float, backend: str, dropout_p: float = 0.0,
+                  seed: int = 0, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = registry.impl(OP, backend).fn
+    if dropout_p > 0:
+        return fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p, seed, offset)
+    return fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
 
 
 @_attention_op.register_fake
-def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend):
+def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend, dropout_p=0.0, seed=0, offset=0):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -55,13 +65,35 @@ _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attenti
 _backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
                  limits="head_dim multiple of 8 <= 256; CUDA, CPU tensors under TRITON_INTERPRET=1")
 _backends.cpu(OP, "attention", check=_cpu_check, limits="head_dim <= 256, fp32 math")
-_backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16),
-               check=lambda i: [] if _head_dim(i) in (32, 64, 96, 128)
-               else [f"head_dim must be 32, 64, 96 or 128, got {_head_dim(i)}"],
+def _cuda_check(inputs) -> list[str]:
+    why = [] if _head_dim(inputs) in (32, 64, 96, 128) else [f"head_dim must be 32, 64, 96 or 128, got {_head_dim(inputs)}"]
+    return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else [])
+
+
+_backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
                limits="fp16/bf16, head_dim 32/64/96/128; FlashAttention-2 on tensor cores (sm_80+)")
 
 
 _INT64_MAX = 2 ** 63 - 1
+
+
+def _dropout_p(dropout_p) -> float:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
+        raise ValueError(f"{OP}: dropout_p must be a float with 0 <= dropout_p < 1, got {dropout_p!r}")
+    return float(dropout_p)
+
+
+def _check_generator(generator) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{OP}: generator must be a torch.Generator or None, got {type(generator).__name__}")
+
+
+def _seed_offset(generator, device: torch.device) -> tuple[int, int]:
+    """(seed, offset): two int64 from `generator` (default: torch's default generator of q's device), so
+    torch.manual_seed makes a run reproducible. On a GPU this reads two numbers back (one synchronization)."""
+    dev = generator.device if generator is not None else device
+    seed, offset = torch.randint(0, _INT64_MAX, (2,), generator=generator, device=dev, dtype=torch.int64).tolist()
+    return seed, offset
 
 
 def _window(window) -> tuple[int, int]:
@@ -98,7 +130,8 @@ def _max_seqlen(max_seqlen, longest: int) -> None:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None,
               cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None, window=None,
-              scale: float | None = None, backend: str | None = None) -> torch.Tensor:
+              scale: float | None = None, dropout_p: float = 0.0, generator: torch.Generator | None = None,
+              backend: str | None = None) -> torch.Tensor:
     """Non-causal attention: every query sees every key of its own sequence (within `window`, if given).
 
     Padded:  q, k, v (batch, seq, heads, head_dim); key_padding_mask (batch, seq) bool, True = real token.
@@ -107,6 +140,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     window:  int (each side) or (left, right): query i sees keys i-left..i+right of its sequence; -1 (or any
              size >= the sequence) leaves that side unbounded.
     scale:   defaults to 1/sqrt(head_dim). fp32/fp16/bf16, fp32 accumulation. Returns q's shape and dtype.
+    dropout_p: attention-probability dropout (training): each normalized probability is zeroed with probability
+             dropout_p and the kept ones scaled by 1/(1 - dropout_p), as transformers' eager / sdpa attention in
+             training mode. 0 <= dropout_p < 1. The keep-mask is a pure function of (seed, offset) drawn from
+             `generator` (default: torch's default generator for q's device) and of each element's position
+             (fastenc/reference/attention_dropout.py); the backward regenerates it. 0: no dropout, nothing drawn.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, OP, t)
@@ -119,6 +157,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"{OP}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     wl, wr = _window(window)
+    p = _dropout_p(dropout_p)
+    _check_generator(generator)
     d = q.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
@@ -135,7 +175,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         longest = max(b - a for a, b in zip(cu, cu[1:]))
         _max_seqlen(max_seqlen, longest)
         # The kernels get the longest length read now (it sizes their grids), not the caller's bound.
-        return _run(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend)
+        return _run(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p, generator)
 
     if q.dim() != 4:
         raise ValueError(f"{OP}: q must be (batch, seq, heads, head_dim), or packed (total_tokens, heads, head_dim) "
@@ -148,7 +188,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     if key_padding_mask is None:
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
         out = _run(q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d), cu, s, wl, wr,
-                   float(scale), backend)
+                   float(scale), backend, p, generator)
         return out.view(q.shape)
     if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
         raise TypeError(f"{OP}: key_padding_mask must be a bool tensor, got "
@@ -165,22 +205,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
             raise ValueError(f"{OP}: with a window, each row of key_padding_mask must mark one contiguous run of real tokens")
     idx, cu, longest = unpad_input(key_padding_mask)
     qp, kp, vp = (t.reshape(b * s, h, d).index_select(0, idx) for t in (q, k, v))
-    out = _run(qp.contiguous(), kp.contiguous(), vp.contiguous(), cu, max(longest, 1), wl, wr, float(scale), backend)
+    out = _run(qp.contiguous(), kp.contiguous(), vp.contiguous(), cu, max(longest, 1), wl, wr, float(scale), backend,
+               p, generator)
     return pad_input(out, idx, b, s)
 
 
-def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend):
+def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0, generator=None):
     """max_seqlen: the longest sequence. A window side >= it bounds nothing: -1 from here on (so no kernel ever
-    computes i + 2**63 - 1)."""
+    computes i + 2**63 - 1). dropout_p > 0: (seed, offset) are drawn here, once the backends are chosen."""
     if q.numel() == 0:
         return q.new_zeros(q.shape)
     wl = -1 if wl >= max_seqlen else wl
     wr = -1 if wr >= max_seqlen else wr
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
-              "window": (wl, wr), "scale": scale}
+              "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}
     impl = registry.select(OP, inputs, backend)
     if needs_grad(q, k, v):  # an unservable backward fails before the forward runs
-        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale),
+        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p),
                                  impl.backend)
+    if dropout_p > 0:
+        seed, offset = _seed_offset(generator, q.device)
+        return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend, dropout_p, seed,
+                             offset)[0]
     return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)[0]

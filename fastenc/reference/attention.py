@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from fastenc.reference.attention_dropout import padded_keep_scale, sequence_keep_scale
+
 
 def _band(sq: int, sk: int, left: int, right: int, device) -> torch.Tensor:
     i = torch.arange(sq, device=device)[:, None]
@@ -21,13 +23,16 @@ def _band(sq: int, sk: int, left: int, right: int, device) -> torch.Tensor:
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                  window: tuple[int, int] = (-1, -1), scale: float | None = None, upcast: bool = True) -> torch.Tensor:
+                  window: tuple[int, int] = (-1, -1), scale: float | None = None, upcast: bool = True,
+                  dropout_p: float = 0.0, seed: int = 0, offset: int = 0) -> torch.Tensor:
     """Padded layout. q, k, v: (batch, seq, heads, head_dim); key_padding_mask: (batch, seq) bool, True = real.
 
     window (left, right), -1 = unbounded. Query rows at padded positions (and rows with no visible key)
     are zero. NaN/Inf in a query, or in a key or value the row can see, propagates as in torch's SDPA; padded
     keys are never read; a NaN value of a key of the row's own sequence outside its window still reaches it
     through 0 * NaN (as in SDPA). Math in fp32 when `upcast`, else in q's dtype. Returns q's dtype.
+    dropout_p > 0: the probabilities are multiplied by the keep-mask / (1-p) of (seed, offset) with the counter
+    layout of fastenc/reference/attention_dropout.py.
     """
     b, s, h, d = q.shape
     scale = d ** -0.5 if scale is None else scale
@@ -41,6 +46,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
     # A row with no visible key gives 0 (its softmax is 0/0); only those rows are zeroed, so NaN from the inputs
     # is never hidden.
     p = torch.softmax(scores, dim=-1).masked_fill(~ok.any(-1, keepdim=True), 0.0)
+    if dropout_p > 0:
+        p = p * padded_keep_scale(seed, offset, dropout_p, h, b, s, key_padding_mask, q.device, p.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", p, vt)
     if key_padding_mask is not None:
         out = out.masked_fill(~key_padding_mask[:, :, None, None], 0.0)
@@ -49,11 +56,27 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
 
 def attention_varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                          window: tuple[int, int] = (-1, -1), scale: float | None = None,
-                         upcast: bool = True) -> torch.Tensor:
-    """Packed layout. q, k, v: (total_tokens, heads, head_dim); cu_seqlens: int32 (batch+1,)."""
+                         upcast: bool = True, dropout_p: float = 0.0, seed: int = 0,
+                         offset: int = 0) -> torch.Tensor:
+    """Packed layout. q, k, v: (total_tokens, heads, head_dim); cu_seqlens: int32 (batch+1,). dropout_p, seed,
+    offset: as attention_ref (counters of the packed layout)."""
     out = torch.zeros_like(q)
     cu = cu_seqlens.tolist()
     for a, e in zip(cu[:-1], cu[1:]):
         if e > a:
-            out[a:e] = attention_ref(q[None, a:e], k[None, a:e], v[None, a:e], None, window, scale, upcast)[0]
+            out[a:e] = _sequence(q[a:e], k[a:e], v[a:e], a, window, scale, upcast, dropout_p, seed, offset)
     return out
+
+
+def _sequence(q, k, v, start, window, scale, upcast, dropout_p, seed, offset):
+    """One packed sequence (s, heads, head_dim) starting at token `start`."""
+    s, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    if dropout_p <= 0:
+        return attention_ref(q[None], k[None], v[None], None, window, scale, upcast)[0]
+    qt, kt, vt = (t.float() if upcast else t for t in (q, k, v))
+    scores = torch.einsum("qhd,khd->hqk", qt * scale, kt)
+    ok = _band(s, s, window[0], window[1], q.device)[None]
+    p = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1).masked_fill(~ok.any(-1, keepdim=True), 0.0)
+    p = p * sequence_keep_scale(seed, offset, dropout_p, h, start, s, q.device, p.dtype)
+    return torch.einsum("hqk,khd->qhd", p, vt).to(q.dtype)

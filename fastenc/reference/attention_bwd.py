@@ -9,12 +9,16 @@ P = exp(S - lse) (the softmax, recomputed from the saved lse), for an upstream g
   dq   = scale * dS k,   dk = scale * dS^T q,   dv = P^T dO
 A query row with no visible key has lse = +inf (P = 0 and every gradient through it 0), the convention the
 kernels follow too.
+With attention dropout (keep-mask Z regenerated from (seed, offset), fastenc/reference/attention_dropout.py),
+out = (P * Z/(1-p)) v and
+  dv   = (P * Z/(1-p))^T dO,   dP = (dO v^T) * Z/(1-p),   dS = P * (dP - D),   D = rowsum(dO * O) as before.
 """
 from __future__ import annotations
 
 import torch
 
 from fastenc.reference.attention import _band
+from fastenc.reference.attention_dropout import sequence_keep_scale
 
 
 def _math_dtype(t: torch.Tensor, upcast: bool) -> torch.dtype:
@@ -56,12 +60,13 @@ def attention_lse_varlen_ref(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch
 def attention_bwd_varlen_ref(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              out: torch.Tensor, lse: torch.Tensor, cu_seqlens: torch.Tensor,
                              window: tuple[int, int] = (-1, -1), scale: float | None = None,
-                             upcast: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             upcast: bool = True, dropout_p: float = 0.0, seed: int = 0,
+                             offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of the packed-layout attention by the explicit formulas above.
 
     grad, q, k, v, out: (total_tokens, heads, head_dim); lse: (heads, total_tokens) as saved by the forward;
     cu_seqlens int32 (batch+1,); window (left, right), -1 = unbounded. Math in fp32 when `upcast` (fp64 for fp64
-    inputs), else in q's dtype. Returns dq, dk, dv in q's dtype.
+    inputs), else in q's dtype. dropout_p, seed, offset: the forward's. Returns dq, dk, dv in q's dtype.
     """
     total, h, d = q.shape
     scale = d ** -0.5 if scale is None else scale
@@ -74,8 +79,12 @@ def attention_bwd_varlen_ref(grad: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         p = torch.exp(_scores(qs, ks, window, scale) - lse[:, a:e, None].to(dt))  # (h, s, s); exp(-inf) = 0
         delta = (gs * os_).sum(-1).transpose(0, 1)                            # D: (h, s)
         dp = torch.einsum("qhd,khd->hqk", gs, vs)
+        pd = p
+        if dropout_p > 0:
+            zs = sequence_keep_scale(seed, offset, dropout_p, h, a, e - a, q.device, dt)  # Z / (1-p)
+            pd, dp = p * zs, dp * zs
         ds = p * (dp - delta[:, :, None])
         dq[a:e] = (torch.einsum("hqk,khd->qhd", ds, ks) * scale).to(q.dtype)
         dk[a:e] = (torch.einsum("hqk,qhd->khd", ds, qs) * scale).to(k.dtype)
-        dv[a:e] = torch.einsum("hqk,qhd->khd", p, gs).to(v.dtype)
+        dv[a:e] = torch.einsum("hqk,qhd->khd", pd, gs).to(v.dtype)
     return dq, dk, dv
