@@ -77,9 +77,8 @@ def _hf_classifier(path: str, num_labels: int, seed: int):
 
     transformers.logging.set_verbosity_error()  # "some weights newly initialized": the classifier, as intended
     torch.manual_seed(seed)
-    # attention-probability dropout off (the hidden-state dropouts stay): a short run on a few hundred examples
     return transformers.AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=num_labels, attention_probs_dropout_prob=0.0, id2label=dict(enumerate(PACKAGES)), label2id={p: i for i, p in
+        path, num_labels=num_labels, id2label=dict(enumerate(PACKAGES)), label2id={p: i for i, p in
                                                                               enumerate(PACKAGES)})
 
 

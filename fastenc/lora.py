@@ -317,7 +317,7 @@ class LoraMixin:
         read (default: its active one). safe_merge=True (PEFT's option): check that every weight the adapter
         produces (merged, or the unmerged adapter's tensors) is finite first, and refuse the adapter otherwise.
         is_trainable=True (merge=False only; PEFT's option): the adapter becomes the active one and its tensors
-        require grad, so training continues from it (save_lora writes it back).
+        require grad, every base parameter is frozen, so training continues from it (save_lora writes it back).
         Returns the name. Raises (and changes nothing) on a bad adapter: see `plan`.
         """
         if not isinstance(merge, bool):
@@ -366,6 +366,9 @@ class LoraMixin:
                                  dropout=float(config.get("lora_dropout") or 0.0))
         if safe_merge:
             _check_finite(name, {f"{m}.{k}": t for m, ad in ads.items() for k, t in ad.named_parameters()})
+        if is_trainable:  # as PEFT's from_pretrained(is_trainable=True): the base model is frozen
+            for p in self.parameters():
+                p.requires_grad_(False)
         for mod_name, ad in ads.items():
             attach(self, mod_name, name, ad, st)
         st.unmerged[name] = list(ads)
