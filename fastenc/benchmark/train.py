@@ -46,7 +46,8 @@ def build_hf(name: str, quick: bool):
         model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, attention_probs_dropout_prob=0.0,
                                                                **small, **vocab))
     elif name == "modernbert-base":
-        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab))
+        ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2) if quick else {}
+        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab, **ids))
     elif name == "vit-b16":
         extra = dict(image_size=32, **small) if quick else {}
         model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=10, **extra))
