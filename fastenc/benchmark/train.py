@@ -142,9 +142,20 @@ def _stepper(model: torch.nn.Module, own: bool, inputs: dict, labels: torch.Tens
     return step
 
 
+def _write(out: Path, meta: dict, providers: list[str], results: list[dict], complete: bool
+           ) -> tuple[dict, list[Path]]:
+    """train.json + train.csv with every finished workload (rewritten after each one: a long run that is stopped
+    keeps what it measured; "complete" says whether the run ended)."""
+    rows = [r for res in results for r in res["rows"]]
+    payload = {"suite": "train", **meta, "complete": complete, "providers": providers, "cases": results,
+               "rows": rows}
+    return payload, [report.write_json(out / "train.json", payload), report.write_csv(out / "train.csv", rows)]
+
+
 def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
-             tick: Callable[[], None] | None = None) -> dict:
-    """One model x mode: rows per provider x workload with throughput, ratios to the baseline, peak memory."""
+             tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict]) -> dict:
+    """One model x mode: rows per provider x workload with throughput, ratios to the baseline, peak memory
+    (the files in `out` rewritten after each workload, with the finished `results` before this case)."""
     hf = build_hf(name, quick)
     wanted = [p for p in providers if (mode == "lora") == p.endswith("+peft") or p == "fastenc"]
     models, skipped = build_providers(name, hf, mode, wanted, log)
@@ -173,7 +184,9 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
                     row[f"paired_ratio_vs_{b}_max"] = max(rows_ratio)
                     row[f"mem_ratio_vs_{b}"] = mem[p] / mem[b] if mem[b] > 0 else None
             rows.append(row)
-    return {"model": name, "mode": mode, "rows": rows, "skipped": skipped, "errors": errors}
+        case = {"model": name, "mode": mode, "rows": rows, "skipped": skipped, "errors": errors}
+        _write(out, meta, providers, results + [case], complete=False)
+    return case
 
 
 def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
@@ -203,19 +216,20 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
                 lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA))
     t0 = time.perf_counter()
-    results = []
+    results: list[dict] = []
+    out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(names) * len(modes), desc="train", unit="case", file=sys.stderr, dynamic_ncols=True)
     for n in names:
         for mode in modes:
             bar.set_postfix_str(f"{n} {mode}")
-            results.append(run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh))
+            res = run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh, out=out,
+                           meta=meta, results=results)
+            results.append(res)
             bar.update(1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]
     meta["elapsed_s"] = time.perf_counter() - t0
-    payload = {"suite": "train", **meta, "providers": providers, "cases": results, "rows": rows}
-    out.mkdir(parents=True, exist_ok=True)
-    files = [report.write_json(out / "train.json", payload), report.write_csv(out / "train.csv", rows)]
+    payload, files = _write(out, meta, providers, results, complete=True)
     if plots:
         groups = list(dict.fromkeys(f"{r['model']} {r['mode']}\n{r['workload']}" for r in rows))
         ref = {f"{r['model']} {r['mode']}\n{r['workload']}": r["throughput"] for r in rows
