@@ -153,7 +153,8 @@ def save_and_reload(model, hf, lora: bool, out: Path, path: str, tok, texts, see
 
         from fastenc.models import convert
 
-        entries = convert.MAPS[model.config.model_type](model.config, model.task, convert.HEAD_PREFIX["bert"])
+        arch = model.config.model_type
+        entries = convert.MAPS[arch](model.config, model.task, convert.HEAD_PREFIX[arch])
         state = convert.fastenc_to_hf(entries, {k: v.detach() for k, v in model.state_dict().items()}, model.config)
         hf.load_state_dict(state, strict=True)
         hf.save_pretrained(out)
