@@ -460,8 +460,8 @@ class LoraMixin:
     def __call__(self, *args, adapter=_KEEP, **kwargs):
         st = self.__dict__.get("_lora_state")
         if st is not None and st.merged and self.training and torch.is_grad_enabled():
-            raise RuntimeError(f"{type(self).__name__}: adapter(s) {st.merged} are merged into the weights, so training "
-                               f"would not reach them; call unmerge_lora() and load with merge=False (and "
+            raise RuntimeError(f"{type(self).__name__}: adapter(s) {st.merged} are merged into the weights, so "
+                               f"training would not reach them; call unmerge_lora() and load with merge=False (and "
                                f"is_trainable=True), or call eval() / torch.no_grad() for inference")
         if adapter is _KEEP:
             return super().__call__(*args, **kwargs)

@@ -155,7 +155,8 @@ def adapters_from_plan(model, pieces, fulls, trainable: bool, dropout: float = 0
         module = model.get_submodule(p.module)
         w = module.weight
         ad = out.setdefault(p.module, LoraAdapter("lora", dropout))
-        third = p.rows.start // (p.rows.stop - p.rows.start) if p.rows.stop - p.rows.start < module.out_features else None
+        size = p.rows.stop - p.rows.start
+        third = p.rows.start // size if size < module.out_features else None
         key = "w" if third is None else _PART_KEYS[third]
         a = p.a.detach().to(device=w.device, dtype=w.dtype).clone()
         b = p.b.detach().to(device=w.device, dtype=w.dtype).clone()

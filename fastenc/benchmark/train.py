@@ -212,7 +212,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")
     meta = report.metadata("cpu", torch.float32, quick)
-    meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR, optimizer="torch.optim.AdamW (foreach default)",
+    meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR,
+                optimizer="torch.optim.AdamW (foreach default)",
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
                 lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA))
     t0 = time.perf_counter()

@@ -23,7 +23,8 @@ def test_tiny_finetune_saves_and_reloads(tmp_path, lora):
     assert len(res["losses"]) == 1 and all(math.isfinite(x) for x in res["losses"])
     assert res["reload_max_diff"] < 1e-4
     saved = {p.name for p in tmp_path.iterdir()}
-    assert ({"adapter_config.json", "adapter_model.safetensors"} if lora else {"config.json", "model.safetensors"}) <= saved
+    want = {"adapter_config.json", "adapter_model.safetensors"} if lora else {"config.json", "model.safetensors"}
+    assert want <= saved
 
 
 def test_cli_rejects_bad_counts(capsys):
