@@ -1,5 +1,5 @@
-"""`fastenc info | run | embed | bench | check | build` — the command line. Bad input ends in a one-line error on
-stderr and a non-zero exit, never a traceback."""
+"""`fastenc info | run | embed | bench | check | build | finetune` — the command line. Bad input ends in a
+one-line error on stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     pb = sub.add_parser("build", help="build the C++ extension now and report (same as info --build)")
     pb.set_defaults(func=lambda a: (setattr(a, "build", True), cmd_info(a))[1])
     # Subcommands owned by their modules: each module exposes add_parser(subparsers) setting `func`.
-    for module in ("fastenc.run", "fastenc.corpus.cli", "fastenc.benchmark.cli", "fastenc.check"):
+    for module in ("fastenc.run", "fastenc.corpus.cli", "fastenc.benchmark.cli", "fastenc.check",
+                   "fastenc.finetune"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ImportError as e:

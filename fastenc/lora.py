@@ -11,6 +11,7 @@ PEFT module names map onto fastenc's modules through the explicit weight maps of
 query/key/value adapter lands on its third of the fused Wqkv rows. Supported: r, lora_alpha, use_rslora,
 rank_pattern/alpha_pattern, bias="none", modules_to_save Linear copies (e.g. a SEQ_CLS classifier head). Everything is validated before the model is
 touched: a bad adapter raises and leaves the model exactly as it was. The models inherit `LoraMixin`.
+Training (add_lora, save_lora, load_lora(..., merge=False, is_trainable=True)): fastenc.lora_train.
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from fastenc import ops
 from fastenc.layers.linear import Linear
+from fastenc.lora_train import LoraLinear, adapters_from_plan, attach, detach, set_trainable
 
 SCALE_NAME = "scale = lora_alpha / r (use_rslora: lora_alpha / sqrt(r))"
 _KEEP = object()
@@ -70,6 +71,8 @@ class _State:
     merged: list[str] = field(default_factory=list)                      # merged adapter names, in order
     unmerged: dict[str, list[str]] = field(default_factory=dict)        # adapter -> modules it routes
     default: str | None = None                                          # set_adapter()
+    trainable: set = field(default_factory=set)                          # adapters that train while active
+    configs: dict[str, dict] = field(default_factory=dict)               # adapter -> its PEFT config (save_lora)
     active: contextvars.ContextVar = field(default_factory=lambda: contextvars.ContextVar("fastenc_lora",
                                                                                          default=_KEEP))
 
@@ -284,54 +287,6 @@ def plan(model, config: dict, state: dict[str, torch.Tensor]) -> tuple[list[_Pie
     return pieces, fulls
 
 
-# ---------------------------------------------------------------- unmerged routing
-
-class LoraLinear(Linear):
-    """A fastenc Linear carrying unmerged adapters: y = ops.lora_linear(x, W, b, A_name, B_name, 1) for the active
-    adapter (scale folded into B), or F.linear with the adapter's own weight and bias for a modules_to_save copy,
-    plain F.linear otherwise. Modules become this class only while they carry adapters (their class is switched
-    back when the last adapter is removed). Adapter tensors follow x's device and dtype (converted once)."""
-
-    def _active(self):
-        state = self.__dict__.get("_lora_state")
-        name = state.current() if state is not None else None
-        return name, self.__dict__.get("_lora_adapters", {})
-
-    def output_bias(self) -> torch.Tensor | None:
-        name, ads = self._active()
-        ad = ads.get(name) if name is not None else None
-        return ad[2] if ad is not None and ad[0] == "full" else self.bias
-
-    def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return out.add_(self.forward(x, with_bias=False))
-
-    def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        name, ads = self._active()
-        ad = ads.get(name) if name is not None else None
-        if ad is None:
-            return F.linear(x, self.weight, self.bias if with_bias else None)
-        kind, t1, t2 = ad
-        if t1.dtype != x.dtype or t1.device != x.device:
-            t1, t2 = (None if t is None else t.to(device=x.device, dtype=x.dtype) for t in (t1, t2))
-            ads[name] = (kind, t1, t2)
-        if kind == "full":
-            return F.linear(x, t1, t2 if with_bias else None)
-        return ops.lora_linear(x, self.weight, self.bias if with_bias else None, t1, t2, 1.0)
-
-
-def _combine(module: Linear, pieces: list[_Piece]) -> tuple[str, torch.Tensor, torch.Tensor]:
-    """One (A, B) for a module from its pieces: A = [A_1; A_2; ...], B block-placed by rows, scale folded in."""
-    w = module.weight
-    ranks = [p.a.shape[0] for p in pieces]
-    a = torch.cat([p.a.to(device=w.device, dtype=torch.float32) for p in pieces], 0)
-    b = torch.zeros(module.out_features, sum(ranks), device=w.device, dtype=torch.float32)
-    col = 0
-    for p, r in zip(pieces, ranks):
-        b[p.rows, col:col + r] = p.b.to(device=w.device, dtype=torch.float32) * p.scale
-        col += r
-    return "lora", a.to(w.dtype).contiguous(), b.to(w.dtype).contiguous()
-
-
 def _check_finite(adapter: str, tensors: dict[str, torch.Tensor]) -> None:
     """safe_merge: every tensor the adapter would write must be finite (NaN/inf named, nothing written)."""
     bad = [k for k, t in tensors.items() if not bool(torch.isfinite(t).all())]
@@ -352,7 +307,7 @@ class LoraMixin:
     """load_lora / unmerge_lora / set_adapter / use_adapter / remove_lora, and `model(..., adapter=name)`."""
 
     def load_lora(self, source, merge: bool = True, adapter_name: str | None = None,
-                  peft_adapter: str | None = None, safe_merge: bool = False) -> str:
+                  peft_adapter: str | None = None, safe_merge: bool = False, is_trainable: bool = False) -> str:
         """Load a PEFT LoRA adapter (folder with adapter_config.json + adapter_model.safetensors, or a PeftModel).
 
         merge=True: W <- round(W + scale * B @ A) in place, fp32 accumulation (ops.merge_lora); the original
@@ -361,16 +316,22 @@ class LoraMixin:
         (the first one loaded is the default; see set_adapter). peft_adapter: which adapter of a PeftModel to
         read (default: its active one). safe_merge=True (PEFT's option): check that every weight the adapter
         produces (merged, or the unmerged adapter's tensors) is finite first, and refuse the adapter otherwise.
+        is_trainable=True (merge=False only; PEFT's option): the adapter becomes the active one and its tensors
+        require grad, every base parameter is frozen, so training continues from it (save_lora writes it back).
         Returns the name. Raises (and changes nothing) on a bad adapter: see `plan`.
         """
         if not isinstance(merge, bool):
             raise TypeError(f"load_lora: merge must be a bool, got {type(merge).__name__}")
         if not isinstance(safe_merge, bool):
             raise TypeError(f"load_lora: safe_merge must be a bool, got {type(safe_merge).__name__}")
-        if adapter_name is not None and (not isinstance(adapter_name, str) or not adapter_name):
-            raise ValueError(f"load_lora: adapter_name must be a non-empty str, got {adapter_name!r}")
+        if not isinstance(is_trainable, bool):
+            raise TypeError(f"load_lora: is_trainable must be a bool, got {type(is_trainable).__name__}")
+        if is_trainable and merge:
+            raise ValueError("load_lora: is_trainable=True needs merge=False (a merged adapter cannot be trained)")
+        if adapter_name is not None and (not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name):
+            raise ValueError(f"load_lora: adapter_name must be a non-empty str without '.', got {adapter_name!r}")
         config, state, name = read_adapter(source, peft_adapter)
-        name = adapter_name or name
+        name = adapter_name or name.replace(".", "_")
         st = _state(self)
         if name in st.unmerged or name in st.merged:
             raise ValueError(f"load_lora: an adapter named {name!r} is already loaded "
@@ -401,24 +362,23 @@ class LoraMixin:
                     param.copy_(value)
             st.merged.append(name)
             return name
-        combined = {m: _combine(self.get_submodule(m), ps) for m, ps in by_module.items()}
-        for f in fulls:
-            w = self.get_submodule(f.module).weight
-            combined[f.module] = ("full", f.weight.to(device=w.device, dtype=w.dtype).contiguous(),
-                                  None if f.bias is None else f.bias.to(device=w.device, dtype=w.dtype))
+        ads = adapters_from_plan(self, pieces, fulls, trainable=is_trainable,
+                                 dropout=float(config.get("lora_dropout") or 0.0))
         if safe_merge:
-            _check_finite(name, {f"{m}.{part}": t for m, (kind, *ts) in combined.items()
-                                 for part, t in zip(("lora_A", "lora_B") if kind == "lora" else ("weight", "bias"), ts)
-                                 if t is not None})
-        for mod_name, ab in combined.items():
-            module = self.get_submodule(mod_name)
-            module.__dict__.setdefault("_lora_adapters", {})[name] = ab
-            module.__dict__["_lora_state"] = st
-            if type(module) is Linear:
-                module.__class__ = LoraLinear
-        st.unmerged[name] = list(combined)
-        if st.default is None:
+            _check_finite(name, {f"{m}.{k}": t for m, ad in ads.items() for k, t in ad.named_parameters()})
+        if is_trainable:  # as PEFT's from_pretrained(is_trainable=True): the base model is frozen
+            for p in self.parameters():
+                p.requires_grad_(False)
+        for mod_name, ad in ads.items():
+            attach(self, mod_name, name, ad, st)
+        st.unmerged[name] = list(ads)
+        st.configs[name] = config
+        if is_trainable:
+            st.trainable.add(name)
             st.default = name
+        elif st.default is None:
+            st.default = name
+        set_trainable(self, st)
         return name
 
     def unmerge_lora(self) -> None:
@@ -439,13 +399,9 @@ class LoraMixin:
             if n not in st.unmerged:
                 raise ValueError(f"remove_lora: no unmerged adapter {n!r}; loaded: {sorted(st.unmerged)}")
             for mod_name in st.unmerged.pop(n):
-                module = self.get_submodule(mod_name)
-                ads = module.__dict__.get("_lora_adapters", {})
-                ads.pop(n, None)
-                if not ads and type(module) is LoraLinear:
-                    module.__class__ = Linear
-                    module.__dict__.pop("_lora_adapters", None)
-                    module.__dict__.pop("_lora_state", None)
+                detach(self, mod_name, n)
+            st.trainable.discard(n)
+            st.configs.pop(n, None)
             if st.default == n:
                 st.default = None
 
@@ -454,9 +410,36 @@ class LoraMixin:
             raise ValueError(f"adapter {name!r} is not loaded unmerged; loaded: {sorted(_state(self).unmerged)}")
 
     def set_adapter(self, adapter_name: str | None) -> None:
-        """The unmerged adapter used by calls that do not name one (None: no adapter)."""
+        """The unmerged adapter used by calls that do not name one (None: no adapter). As in PEFT, the active
+        adapter is the one that trains (if it was added, or loaded with is_trainable=True); the others are frozen."""
         self._check_adapter(adapter_name)
-        _state(self).default = adapter_name
+        st = _state(self)
+        st.default = adapter_name
+        set_trainable(self, st)
+
+    def add_lora(self, r: int = 8, lora_alpha: float = 16, target_modules=("query", "value"),
+                 lora_dropout: float = 0.0, adapter_name: str = "default", modules_to_save=None,
+                 use_rslora: bool = False) -> str:
+        """A new trainable LoRA adapter, as PEFT's get_peft_model(model, LoraConfig(...)) makes it.
+
+        target_modules: transformers module names (BERT query/key/value/dense, ModernBERT Wqkv/Wo/Wi, ViT
+        q_proj/k_proj/v_proj/o_proj/fc1/fc2; a list entry matches a name ending in it, a str is a full-match regex).
+        A (r, in): Kaiming-uniform (a=sqrt(5)); B (out, r): zeros; scale lora_alpha / r (use_rslora: / sqrt(r)).
+        lora_dropout: on the adapter's input, train mode only. modules_to_save: Linear layers trained as full
+        copies (None: the classifier for sequence/token classification models, as PEFT's SEQ_CLS/TOKEN_CLS).
+        Afterwards only this adapter's tensors require grad (every base parameter is frozen) and it is active.
+        Returns the adapter name. Raises before any change on bad input (unknown target, r < 1, lora_alpha <= 0,
+        a used adapter_name).
+        """
+        from fastenc.lora_train import add_lora
+        return add_lora(self, r, lora_alpha, target_modules, lora_dropout, adapter_name, modules_to_save, use_rslora)
+
+    def save_lora(self, folder, adapter_name: str | None = None):
+        """Write adapter_config.json + adapter_model.safetensors (PEFT's names: base_model.model.<transformers
+        module>.lora_A.weight, ...) for an unmerged adapter (default: the active one), which
+        PeftModel.from_pretrained(hf_model, folder) and load_lora(folder) read. Returns the folder (a Path)."""
+        from fastenc.lora_train import save_lora
+        return save_lora(self, folder, adapter_name)
 
     @contextlib.contextmanager
     def use_adapter(self, adapter_name: str | None):
@@ -475,6 +458,11 @@ class LoraMixin:
         return {"merged": list(st.merged), "unmerged": sorted(st.unmerged), "active": st.current()}
 
     def __call__(self, *args, adapter=_KEEP, **kwargs):
+        st = self.__dict__.get("_lora_state")
+        if st is not None and st.merged and self.training and torch.is_grad_enabled():
+            raise RuntimeError(f"{type(self).__name__}: adapter(s) {st.merged} are merged into the weights, so "
+                               f"training would not reach them; call unmerge_lora() and load with merge=False (and "
+                               f"is_trainable=True), or call eval() / torch.no_grad() for inference")
         if adapter is _KEEP:
             return super().__call__(*args, **kwargs)
         with self.use_adapter(adapter):

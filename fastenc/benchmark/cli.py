@@ -15,8 +15,9 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="kernel and model benchmarks against the baselines (JSON/CSV/PNG)")
-    p.add_argument("what", choices=["kernels", "models", "embed", "report"],
+    p.add_argument("what", choices=["kernels", "models", "train", "embed", "report"],
                    help="which suite to run ('embed': the corpus job vs sentence-transformers and transformers); "
+                        "'train': training steps vs transformers (+ PEFT for LoRA); "
                         "'report' writes RESULTS.md from the JSON files in --out")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
@@ -40,6 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None,
                    help="models: timed batch-1 rounds (default: 5 with --quick, else 20, more up to 5 s)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
+    p.add_argument("--modes", default=None, help="train: comma-separated of full, lora (default: both)")
+    p.add_argument("--repeats", type=int, default=None, help="train: timed rounds per workload (default 3; quick 2)")
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
@@ -98,6 +101,11 @@ def _run_suite(args, suite, device, dtype, out):
         from fastenc.benchmark.backward import bench_backward
         return bench_backward(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                               compile_ref=not args.no_compile, note=args.note)
+    if args.what == "train":
+        from fastenc.benchmark.train import bench_train
+        return bench_train(quick=args.quick, out=out, models=_split(args.models), modes=_split(args.modes),
+                           providers=_split(args.providers), compile_hf=not args.no_compile,
+                           plots=not args.no_plots, note=args.note, repeats=args.repeats)
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),

@@ -32,6 +32,8 @@ def snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def same_state(model, snap) -> bool:
+def same_state(model, snap, new_keys_ok: bool = False) -> bool:
+    """Every tensor of `snap` unchanged (and no new tensor unless new_keys_ok: unmerged adapters add theirs)."""
     now = model.state_dict()
-    return set(now) == set(snap) and all(torch.equal(now[k], snap[k]) for k in snap)
+    keys_ok = set(now) >= set(snap) if new_keys_ok else set(now) == set(snap)
+    return keys_ok and all(torch.equal(now[k], snap[k]) for k in snap)

@@ -1,0 +1,254 @@
+"""`fastenc bench train`: training-step throughput (forward + cross-entropy + backward + AdamW step) of fastenc
+against transformers sdpa (and torch.compile of it) for full fine-tuning, and against transformers + PEFT for
+LoRA (r 8, alpha 16, dropout 0.1 on query/value, Wqkv for ModernBERT, q_proj/v_proj for ViT; the head trained
+as PEFT's SEQ_CLS modules_to_save), on BERT-base, ModernBERT-base and ViT-B/16 classifiers built from their
+configs with random weights (seed 0).
+
+Workloads (as `fastenc bench models`): fixed 8 x 128 tokens (ViT: 8 images) and the variable-length batch
+(16 sequences, lengths uniform in [16, 384], seed 0) padded to its longest with a mask for every provider
+(fastenc unpads inside). Throughput counts useful (non-pad) tokens. Every provider starts from the same weights
+and labels, all in train mode with the configs' dropout (BERT's attention-probability dropout set to 0 for every
+provider, as ModernBERT's and ViT's default configs have it); the steps of the providers are interleaved (ABAB) and
+the paired ratio is the median of the per-round ratios. Peak memory: the resident-set growth during one
+training step after the warm-up steps (optimizer state already allocated), sampled every millisecond
+(fastenc.benchmark.timing.peak_memory). Before timing, each provider's eval-mode logits are checked against
+transformers' (max abs error recorded).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fastenc.benchmark import report, timing
+from fastenc.benchmark.kernels import UsageError, varlen_lengths
+from fastenc.benchmark.models import image_batch, paired_ratio, text_batch
+
+MODELS = ("bert-base", "modernbert-base", "vit-b16")
+LORA = {"bert": ["query", "value"], "modernbert": ["Wqkv"], "vit": ["q_proj", "v_proj"]}
+BASELINE = {"full": "hf-sdpa", "lora": "hf-sdpa+peft"}
+LR = 1e-4
+
+
+def build_hf(name: str, quick: bool):
+    """The transformers classifier for a benchmark model name (quick: a tiny config of the same family)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if quick else {}
+    vocab = dict(vocab_size=1100) if quick else {}  # (text_batch draws ids from [1000, vocab))
+    if name == "bert-base":
+        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, attention_probs_dropout_prob=0.0,
+                                                               **small, **vocab))
+    elif name == "modernbert-base":
+        ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2) if quick else {}
+        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab, **ids))
+    elif name == "vit-b16":
+        extra = dict(image_size=32, **small) if quick else {}
+        model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=10, **extra))
+    else:
+        raise UsageError(f"--models: unknown {name!r}; known: {list(MODELS)}")
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def train_workloads(name: str, hf, quick: bool) -> dict[str, tuple[dict, torch.Tensor, int, str]]:
+    """workload -> (inputs, labels, useful units, description)."""
+    g = torch.Generator().manual_seed(1)
+    if name == "vit-b16":
+        n, size = (2, 32) if quick else (8, 224)
+        return {"fixed": (image_batch(n, size), torch.randint(0, 10, (n,), generator=g), n, f"{n} images {size}px")}
+    vocab = hf.config.vocab_size
+    fixed = [32] * 2 if quick else [128] * 8
+    lens = varlen_lengths(n=4, hi=64) if quick else varlen_lengths()
+    return {"fixed": (text_batch(fixed, vocab), torch.randint(0, 2, (len(fixed),), generator=g), sum(fixed),
+                      f"{len(fixed)} x {fixed[0]} tokens"),
+            "varlen": (text_batch(lens, vocab), torch.randint(0, 2, (len(lens),), generator=g), sum(lens),
+                       f"{len(lens)} seqs, lengths U[16,{max(lens) if quick else 384}] seed 0 (sum {sum(lens)}, "
+                       f"longest {max(lens)})")}
+
+
+def _logits(model, inputs: dict, fastenc_model: bool) -> torch.Tensor:
+    if fastenc_model:
+        if "pixel_values" in inputs:
+            return model(inputs["pixel_values"])
+        return model(inputs["input_ids"], inputs["attention_mask"])
+    return model(**inputs).logits
+
+
+def build_providers(name: str, hf, mode: str, providers: list[str], log: Callable[[str], None]
+                    ) -> tuple[dict[str, tuple[torch.nn.Module, bool]], dict[str, str]]:
+    """provider -> (model in train mode, is fastenc's), and provider -> reason skipped."""
+    import fastenc
+
+    arch = hf.config.model_type
+    out, skipped = {}, {}
+    for p in providers:
+        try:
+            if p == "fastenc":
+                m = fastenc.from_hf(copy.deepcopy(hf))
+                if mode == "lora":
+                    m.add_lora(r=8, lora_alpha=16, target_modules=LORA[arch], lora_dropout=0.1,
+                               modules_to_save=["classifier"] if arch == "vit" else None)
+                out[p] = (m.train(), True)
+            elif p in ("hf-sdpa", "hf-sdpa+peft", "hf-compile"):
+                m = copy.deepcopy(hf)
+                if mode == "lora":
+                    from peft import LoraConfig, get_peft_model
+                    task = None if arch == "vit" else "SEQ_CLS"
+                    m = get_peft_model(m, LoraConfig(task_type=task, r=8, lora_alpha=16, lora_dropout=0.1,
+                                                     target_modules=LORA[arch],
+                                                     modules_to_save=["classifier"] if arch == "vit" else None))
+                if p == "hf-compile":
+                    log(f"{name} {mode}: torch.compile of transformers compiles at its first steps ...")
+                    m = torch.compile(m)
+                out[p] = (m.train(), False)
+            else:
+                skipped[p] = f"unknown provider {p!r}"
+        except Exception as e:  # a baseline that cannot be built is a skip; fastenc's own failure is raised
+            if p == "fastenc":
+                raise
+            skipped[p] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return out, skipped
+
+
+def _check(models: dict, inputs: dict, ref_name: str) -> dict[str, float]:
+    """Max abs difference of every provider's eval-mode logits from the baseline's."""
+    with torch.no_grad():
+        outs = {}
+        for p, (m, own) in models.items():
+            m.eval()
+            outs[p] = _logits(m, inputs, own).float()
+            m.train()
+    ref = outs.get(ref_name)
+    return {p: (float((o - ref).abs().max()) if ref is not None else float("nan")) for p, o in outs.items()}
+
+
+def _stepper(model: torch.nn.Module, own: bool, inputs: dict, labels: torch.Tensor) -> Callable[[], float]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(_logits(model, inputs, own), labels)
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+    return step
+
+
+def _write(out: Path, meta: dict, providers: list[str], results: list[dict], complete: bool
+           ) -> tuple[dict, list[Path]]:
+    """train.json + train.csv with every finished workload (rewritten after each one: a long run that is stopped
+    keeps what it measured; "complete" says whether the run ended)."""
+    rows = [r for res in results for r in res["rows"]]
+    payload = {"suite": "train", **meta, "complete": complete, "providers": providers, "cases": results,
+               "rows": rows}
+    return payload, [report.write_json(out / "train.json", payload), report.write_csv(out / "train.csv", rows)]
+
+
+def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
+             tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict]) -> dict:
+    """One model x mode: rows per provider x workload with throughput, ratios to the baseline, peak memory
+    (the files in `out` rewritten after each workload, with the finished `results` before this case)."""
+    hf = build_hf(name, quick)
+    wanted = [p for p in providers if (mode == "lora") == p.endswith("+peft") or p == "fastenc"]
+    models, skipped = build_providers(name, hf, mode, wanted, log)
+    loads = train_workloads(name, hf, quick)
+    base = BASELINE[mode]
+    errors = _check(models, next(iter(loads.values()))[0], base)
+    rows = []
+    for w, (inputs, labels, units, desc) in loads.items():
+        steps = {p: _stepper(m, own, inputs, labels) for p, (m, own) in models.items()}
+        for p, s in steps.items():  # warm-up (and compilation) outside the timing
+            s()
+        mem = {p: timing.peak_memory(s)[0] for p, s in steps.items()}
+        samples = timing.interleaved(steps, "cpu", warmup=0, repeats=repeats, on_round=tick)
+        thr = {p: units / (timing.summarize(s).median_ms / 1e3) for p, s in samples.items()}
+        for p, s in samples.items():
+            st = timing.summarize(s)
+            row = {"model": name, "mode": mode, "workload": w, "workload_desc": desc, "provider": p, **st.as_dict(),
+                   "throughput": thr[p], "unit": "images/s" if name == "vit-b16" else "tokens/s",
+                   "useful_units": units, "peak_mem_mib": mem[p], "max_abs_err_logits": errors.get(p)}
+            for b in (base, "hf-compile"):
+                if b in samples and b != p:
+                    rows_ratio = [bt / t for bt, t in zip(samples[b], s)]
+                    row[f"ratio_vs_{b}"] = thr[p] / thr[b]
+                    row[f"paired_ratio_vs_{b}"] = paired_ratio(samples[b], s)
+                    row[f"paired_ratio_vs_{b}_min"] = min(rows_ratio)
+                    row[f"paired_ratio_vs_{b}_max"] = max(rows_ratio)
+                    row[f"mem_ratio_vs_{b}"] = mem[p] / mem[b] if mem[b] > 0 else None
+            rows.append(row)
+        case = {"model": name, "mode": mode, "rows": rows, "skipped": skipped, "errors": errors}
+        _write(out, meta, providers, results + [case], complete=False)
+    return case
+
+
+def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
+                plots: bool = True, note: str | None = None, repeats: int | None = None) -> dict:
+    """Every model x mode; repeats: timed rounds per workload (default 2 with quick, else 3: a BERT-base step
+    takes seconds to tens of seconds on a few CPU cores)."""
+    from tqdm import tqdm
+
+    names = models or (["bert-base"] if quick else list(MODELS))
+    bad = [n for n in names if n not in MODELS]
+    if bad:
+        raise UsageError(f"--models: unknown {bad}; known: {list(MODELS)}")
+    modes = modes or ["full", "lora"]
+    if [m for m in modes if m not in BASELINE]:
+        raise UsageError(f"--modes: must be among {list(BASELINE)}, got {modes}")
+    providers = providers or (["fastenc", "hf-sdpa", "hf-sdpa+peft"] + (["hf-compile"] if compile_hf and not quick
+                                                                          else []))
+
+    def log(msg):
+        tqdm.write(msg, file=sys.stderr)
+
+    repeats = repeats or (2 if quick else 3)
+    if repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    meta = report.metadata("cpu", torch.float32, quick)
+    meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR,
+                optimizer="torch.optim.AdamW (foreach default)",
+                memory="RSS growth during one training step after warm-up, sampled every 1 ms",
+                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA))
+    t0 = time.perf_counter()
+    results: list[dict] = []
+    out.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(names) * len(modes), desc="train", unit="case", file=sys.stderr, dynamic_ncols=True)
+    for n in names:
+        for mode in modes:
+            bar.set_postfix_str(f"{n} {mode}")
+            res = run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh, out=out,
+                           meta=meta, results=results)
+            results.append(res)
+            bar.update(1)
+    bar.close()
+    rows = [r for res in results for r in res["rows"]]
+    meta["elapsed_s"] = time.perf_counter() - t0
+    payload, files = _write(out, meta, providers, results, complete=True)
+    if plots:
+        groups = list(dict.fromkeys(f"{r['model']} {r['mode']}\n{r['workload']}" for r in rows))
+        ref = {f"{r['model']} {r['mode']}\n{r['workload']}": r["throughput"] for r in rows
+               if r["provider"] == BASELINE[r["mode"]]}
+        vals = {(f"{r['model']} {r['mode']}\n{r['workload']}", r["provider"]):
+                r["throughput"] / ref.get(f"{r['model']} {r['mode']}\n{r['workload']}", float("nan")) for r in rows}
+        files.append(report.plot_bars(out / "train_throughput.png", groups, list(dict.fromkeys(
+            r["provider"] for r in rows)), vals, "training throughput relative to the transformers baseline",
+            f"training step (fwd+bwd+AdamW), {meta['machine']['cpu']}, {meta['threads']} threads, fp32"))
+    print(train_table(rows))
+    return {"payload": payload, "files": [f for f in files if f], "failures": []}
+
+
+def train_table(rows: list[dict]) -> str:
+    cols = [("model", "model"), ("mode", "mode"), ("workload", "workload"), ("provider", "provider"),
+            ("throughput", "units/s"), ("median_ms", "median ms"), ("peak_mem_mib", "peak MiB"),
+            ("max_abs_err_logits", "max err")]
+    for b in ("hf-sdpa", "hf-sdpa+peft", "hf-compile"):
+        if any(f"paired_ratio_vs_{b}" in r for r in rows):
+            cols += [(f"paired_ratio_vs_{b}", f"paired x {b}"), (f"mem_ratio_vs_{b}", f"mem / {b}")]
+    return report.table(rows, cols)

@@ -1,0 +1,38 @@
+"""`fastenc bench train --quick`: tiny BERT, full fine-tuning against transformers sdpa and LoRA against
+transformers + PEFT, end to end through the CLI; the JSON/CSV fields a reader relies on; bad selections."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+from fastenc import cli
+from fastenc.benchmark.kernels import varlen_lengths
+
+
+def test_train_cli_quick(tmp_path):
+    rc = cli.main(["bench", "train", "--quick", "--repeats", "1", "--no-plots", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["suite"] == "train" and data["commit"] and data["machine"]["cpu"] and "RSS" in data["memory"]
+    rows = {(r["mode"], r["workload"], r["provider"]): r for r in data["rows"]}
+    want = {(m, w, p) for w in ("fixed", "varlen") for m, ps in (("full", ("fastenc", "hf-sdpa")),
+                                                                  ("lora", ("fastenc", "hf-sdpa+peft"))) for p in ps}
+    assert set(rows) == want, sorted(rows)
+    for (mode, w, p), r in rows.items():
+        assert r["model"] == "bert-base" and r["unit"] == "tokens/s" and r["n"] == 1
+        assert math.isfinite(r["throughput"]) and r["throughput"] > 0 and r["peak_mem_mib"] is not None
+        assert r["max_abs_err_logits"] < 1e-4, (mode, w, p, r["max_abs_err_logits"])  # the same model on both sides
+        if p == "fastenc":
+            base = "hf-sdpa" if mode == "full" else "hf-sdpa+peft"
+            assert math.isfinite(r[f"paired_ratio_vs_{base}"]) and r[f"paired_ratio_vs_{base}"] > 0
+    assert rows[("full", "varlen", "fastenc")]["useful_units"] == sum(varlen_lengths(n=4, hi=64))  # real tokens
+    with (tmp_path / "train.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == len(data["rows"])
+
+
+def test_train_cli_bad_selection(tmp_path, capsys):
+    assert cli.main(["bench", "train", "--quick", "--models", "gpt2", "--out", str(tmp_path)]) == 2
+    assert "--models: unknown ['gpt2']" in capsys.readouterr().err
+    assert cli.main(["bench", "train", "--quick", "--modes", "qlora", "--out", str(tmp_path)]) == 2
+    assert "--modes: must be among ['full', 'lora']" in capsys.readouterr().err
