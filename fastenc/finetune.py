@@ -128,16 +128,16 @@ def finetune(lora: bool = False, out: str | Path = "finetuned", epochs: int = 3,
     log(f"held-out accuracy {acc:.1%} (before training {before:.1%}, chance {1 / len(PACKAGES):.0%}) "
         f"after {time.perf_counter() - t0:.0f} s of training")
     out = Path(out)
-    diff = save_and_reload(model, hf, lora, out, path, tok, test_x[:8], seed)
+    diff = save_and_reload(model, lora, out, path, tok, test_x[:8], seed)
     log(f"saved to {out}; reloaded in {'transformers + PEFT' if lora else 'transformers'}: max |logit difference| "
         f"{diff:.2e}")
     return {"losses": losses, "accuracy": acc, "accuracy_before": before, "chance": 1 / len(PACKAGES),
             "reload_max_diff": diff, "out": out}
 
 
-def save_and_reload(model, hf, lora: bool, out: Path, path: str, tok, texts, seed: int) -> float:
-    """Save (LoRA: model.save_lora; full: the weights through the inverse weight map into the transformers
-    model `hf`, then its save_pretrained), load back in transformers (+ PEFT), return the max |logit diff|."""
+def save_and_reload(model, lora: bool, out: Path, path: str, tok, texts, seed: int) -> float:
+    """Save (LoRA: model.save_lora; full: model.save_pretrained), load back in transformers (+ PEFT), return the
+    max |logit diff|."""
     enc = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
     model.eval()
     with torch.no_grad():
@@ -151,13 +151,7 @@ def save_and_reload(model, hf, lora: bool, out: Path, path: str, tok, texts, see
     else:
         import transformers
 
-        from fastenc.models import convert
-
-        arch = model.config.model_type
-        entries = convert.MAPS[arch](model.config, model.task, convert.HEAD_PREFIX[arch])
-        state = convert.fastenc_to_hf(entries, {k: v.detach() for k, v in model.state_dict().items()}, model.config)
-        hf.load_state_dict(state, strict=True)
-        hf.save_pretrained(out)
+        model.save_pretrained(out)  # transformers' layout through the inverse weight map
         tok.save_pretrained(out)
         hf = transformers.AutoModelForSequenceClassification.from_pretrained(out)
     hf.eval()
