@@ -44,13 +44,20 @@ def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum(1).min())
 
 
+_HWM = ("def hwm():\n"
+        "    try:\n"
+        "        return float(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))) / 1024\n"
+        "    except (OSError, StopIteration):\n"
+        "        import resource\n"
+        "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n")
+
+
 def _peak_rss_mib(corpus: Path, out: Path) -> dict[str, float]:
-    """The job alone in a fresh process: peak RSS (MiB) once torch, fastenc and the model are loaded, and at the end
-    of the job (resource.getrusage in that process)."""
-    code = ("import resource, sys, fastenc; from fastenc.corpus.job import load_model; m, _ = load_model(); "
-            "a = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; "
-            "fastenc.embed(sys.argv[1], m, out=sys.argv[2], overwrite=True); "
-            "print(a, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    """The job alone in a fresh process: its peak RSS (MiB) once torch, fastenc and the model are loaded, and at the
+    end of the job. Read as VmHWM, the high-water mark of the process's own memory: getrusage's ru_maxrss would
+    report at least the RSS of this (benchmark) process, which a forked child inherits across exec on Linux."""
+    code = (_HWM + "import sys, fastenc\nfrom fastenc.corpus.job import load_model\nm, _ = load_model()\na = hwm()\n"
+            "fastenc.embed(sys.argv[1], m, out=sys.argv[2], overwrite=True)\nprint(a, hwm())\n")
     r = subprocess.run([sys.executable, "-c", code, str(corpus), str(out)], capture_output=True, text=True, check=True)
     loaded, peak = map(float, r.stdout.strip().splitlines()[-1].split())
     return {"model_loaded": loaded, "peak": peak}
