@@ -5,6 +5,7 @@ and the Ray engine's throughput at 1 and 2 actors beside the in-process job on t
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,11 +44,23 @@ def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum(1).min())
 
 
-def _peak_rss_mib(corpus: Path, out: Path) -> float:
-    code = ("import resource, sys, fastenc; fastenc.embed(sys.argv[1], out=sys.argv[2], overwrite=True); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+_HWM = ("def hwm():\n"
+        "    try:\n"
+        "        return float(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM'))) / 1024\n"
+        "    except (OSError, StopIteration):\n"
+        "        import resource\n"
+        "        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n")
+
+
+def _peak_rss_mib(corpus: Path, out: Path) -> dict[str, float]:
+    """The job alone in a fresh process: its peak RSS (MiB) once torch, fastenc and the model are loaded, and at the
+    end of the job. Read as VmHWM, the high-water mark of the process's own memory: getrusage's ru_maxrss would
+    report at least the RSS of this (benchmark) process, which a forked child inherits across exec on Linux."""
+    code = (_HWM + "import sys, fastenc\nfrom fastenc.corpus.job import load_model\nm, _ = load_model()\na = hwm()\n"
+            "fastenc.embed(sys.argv[1], m, out=sys.argv[2], overwrite=True)\nprint(a, hwm())\n")
     r = subprocess.run([sys.executable, "-c", code, str(corpus), str(out)], capture_output=True, text=True, check=True)
-    return float(r.stdout.strip().splitlines()[-1])
+    loaded, peak = map(float, r.stdout.strip().splitlines()[-1].split())
+    return {"model_loaded": loaded, "peak": peak}
 
 
 def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 2, memory_sizes=(10000, 40000),
@@ -87,11 +100,13 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     results = {k: fn() for k, fn in fns.items()}  # warm-up pass, and the outputs compared below
     base = results["fastenc embed"]
     times: dict[str, list[float]] = {k: [] for k in fns}
+    loads = []
     for r in range(rounds):
         for k in (list(fns) if r % 2 == 0 else list(reversed(fns))):
             t0 = time.perf_counter()
             fns[k]()
             times[k].append(time.perf_counter() - t0)
+        loads.append(list(os.getloadavg()))
     model.tokenizer.enable_truncation(max_length)
     n_tokens = sum(len(e.ids) for e in model.tokenizer.encode_batch(texts))
     rows = []
@@ -105,8 +120,12 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     fe = next(r for r in rows if r["provider"] == "fastenc embed")
     for r in rows:
         r["fastenc_speedup"] = r["median_s"] / fe["median_s"]
+        # the same ratio round by round (each round runs every provider back to back): median and spread
+        paired = [t / f for t, f in zip(times[r["provider"]], times["fastenc embed"])]
+        r["paired_speedups"] = paired
+        r["paired_speedup_median"] = statistics.median(paired)
     payload = {"suite": "embed", **report.metadata("cpu", torch.float32, False), "note": note, "n": n,
-               "max_length": max_length, "rounds": rounds, "rows": rows}
+               "max_length": max_length, "rounds": rounds, "loadavg_after_each_round": loads, "rows": rows}
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -122,9 +141,10 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     out.mkdir(parents=True, exist_ok=True)
     files = [report.write_json(out / "embed.json", payload), report.write_csv(out / "embed.csv", rows)]
     print(report.table(rows, [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
-                              ("fastenc_speedup", "fastenc x"), ("cos_min_vs_fastenc", "min cos")]))
+                              ("fastenc_speedup", "fastenc x"), ("paired_speedup_median", "paired x"),
+                              ("cos_min_vs_fastenc", "min cos")]))
     if "peak_rss_mib" in payload:
-        print("peak RSS of the job (MiB) by corpus size:", json.dumps(payload["peak_rss_mib"]))
+        print("RSS of the job alone (MiB) by corpus size, model loaded / peak:", json.dumps(payload["peak_rss_mib"]))
     for r in payload.get("ray", []):
         print(f"{r['engine']}: {r['texts_per_s']:.0f} texts/s ({r['vs_local']:.2f} of the in-process job)")
     return {"payload": payload, "files": files}

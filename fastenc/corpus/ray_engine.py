@@ -50,6 +50,7 @@ class _Embedder:
         import fastenc
         from fastenc.corpus.job import resolve_options
 
+        self.threads = threads
         if threads > 0:
             torch.set_num_threads(threads)
         self.model = fastenc.from_pretrained(folder, device=device,
@@ -59,6 +60,12 @@ class _Embedder:
 
     def __call__(self, batch):
         import pyarrow as pa
+        import torch
+
+        if self.threads > 0:
+            # Again in the calling thread: Ray may run the calls on another thread than __init__'s, and the OpenMP
+            # thread count the C++ kernels read is per thread (Ray sets OMP_NUM_THREADS to the actor's whole CPUs).
+            torch.set_num_threads(self.threads)
 
         bad = batch.column("bad").to_pylist()
         texts = batch.column("text").to_pylist()

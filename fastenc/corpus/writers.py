@@ -5,7 +5,7 @@ While a job runs, everything lives in `<out>.partial/`: one shard per window of 
 An interrupted job leaves complete shards and a manifest that names them; `resume` continues after the last one.
 When every row is written the output takes its final name: a `.parquet` output is the folder of shards (a parquet
 dataset: `pyarrow.parquet.read_table(out)`) with its manifest; a `.npy` output is one (rows, hidden) float32 array
-in input order, assembled from the shards through a memory map (bounded memory), skipped rows as NaN rows.
+in input order, assembled from the shards one at a time (bounded memory), skipped rows as NaN rows.
 """
 from __future__ import annotations
 
@@ -144,13 +144,20 @@ def finish(out: Path, wd: Path, fmt: str, manifest: dict[str, Any], hidden: int)
         return
     total = sum(s["rows_read"] for s in manifest["shards"])
     tmp = out.with_name(out.name + ".tmp")
-    arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total, hidden))
-    at = 0
-    for s in manifest["shards"]:
-        part = np.load(wd / s["file"], mmap_mode="r")
-        arr[at:at + len(part)] = part
-        at += len(part)
-    arr.flush()
-    del arr
+    # Header, then each shard's rows appended with plain writes: one shard in memory at a time, and no mapping of
+    # the output (a memory map's written pages count in the process's resident set, growing with the corpus).
+    try:
+        with open(tmp, "wb") as fh:
+            np.lib.format.write_array_header_1_0(fh, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                                                      "fortran_order": False, "shape": (total, hidden)})
+            for s in manifest["shards"]:
+                part = np.load(wd / s["file"])
+                if part.dtype != np.float32 or part.shape != (s["rows_read"], hidden):
+                    raise ValueError(f"embed: shard {s['file']!r} holds {part.dtype} {part.shape}, expected float32 "
+                                     f"{(s['rows_read'], hidden)} as its manifest entry says")
+                np.ascontiguousarray(part).tofile(fh)
+    except BaseException:
+        _remove(tmp)  # the shards stay: nothing is half-written under the final name
+        raise
     os.replace(tmp, out)
     shutil.rmtree(wd)

@@ -220,3 +220,21 @@ def test_cli_errors_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fastenc", "embed", str(tmp_path / "nope.txt"), "--out",
                         str(tmp_path / "o.npy")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_npy_output_assembled_shard_by_shard(tmp_path):
+    out = tmp_path / "o.npy"
+    wd = writers.work_dir(out)
+    wd.mkdir()
+    g = np.random.default_rng(5)
+    parts = [g.standard_normal((n, 7), dtype=np.float32) for n in (3, 1, 5)]
+    for i, p in enumerate(parts):
+        np.save(wd / f"part-{i:05d}.npy", p)
+    shards = [{"file": f"part-{i:05d}.npy", "rows_read": len(p)} for i, p in enumerate(parts)]
+    bad = {"shards": [shards[0], {**shards[1], "rows_read": 2}, shards[2]]}
+    with pytest.raises(ValueError, match=r"part-00001.npy.*expected float32 \(2, 7\)"):
+        writers.finish(out, wd, ".npy", bad, 7)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["o.npy.partial"]
+    writers.finish(out, wd, ".npy", {"shards": shards}, 7)
+    np.testing.assert_array_equal(np.load(out), np.concatenate(parts))
+    assert not wd.exists()
