@@ -49,8 +49,8 @@ def test_live_outputs_never_share_memory():
 
 
 def test_linear_output_from_cache_matches_torch():
-    lin = Linear(384, 1152)
-    torch.nn.init.normal_(lin.weight)
+    lin = Linear(384, 1152).requires_grad_(False)  # frozen, grad mode on: the cache path (not autograd's, not
+    torch.nn.init.normal_(lin.weight)               # the packed GEMM, which runs only with grad mode off)
     torch.nn.init.normal_(lin.bias)
     x = torch.randn(129, 384)
     before = extension.buffer_cache_stats()["in_use_bytes"]
