@@ -7,7 +7,7 @@ adapter_model.safetensors format): merged at zero inference cost, or kept unmerg
     model.load_lora(peft_model, merge=False, adapter_name="a")   # unmerged, routed through ops.lora_linear
     model(ids, mask, adapter="a")                         # per call; or model.set_adapter("a") / use_adapter("a")
 
-PEFT module names map onto fastenc's modules through the explicit weight maps of fastenc.models.convert, so a
+PEFT module names map onto fastenc's modules through the explicit weight maps of each architecture (fastenc.models.architecture), so a
 query/key/value adapter lands on its third of the fused Wqkv rows. Supported: r, lora_alpha, use_rslora,
 rank_pattern/alpha_pattern, bias="none", modules_to_save Linear copies (e.g. a SEQ_CLS classifier head). Everything is validated before the model is
 touched: a bad adapter raises and leaves the model exactly as it was. The models inherit `LoraMixin`.
@@ -166,14 +166,16 @@ def _arch(model) -> str:
 
 def target_table(model) -> dict[str, tuple[str, int | None, str]]:
     """HF module name (with and without the head prefix) -> (fastenc module, third of Wqkv or None, kind)."""
-    from fastenc.models import convert
+    from fastenc.models import architecture
 
     arch = _arch(model)
-    if arch not in convert.MAPS:
-        raise TypeError(f"load_lora: {type(model).__name__} is not a fastenc BERT/ModernBERT/ViT model")
+    if arch not in architecture.architectures():
+        raise TypeError(f"load_lora: {type(model).__name__} is not a fastenc model (architectures: "
+                        f"{', '.join(architecture.architectures())})")
+    spec = architecture.get(arch)
     table: dict[str, tuple[str, int | None, str]] = {}
-    for prefix in ("", convert.HEAD_PREFIX[arch]):
-        for fe, hs, kind in convert.MAPS[arch](model.config, getattr(model, "task", "base"), prefix):
+    for prefix in ("", spec.head_prefix):
+        for fe, hs, kind in spec.entries(model.config, getattr(model, "task", "base"), prefix):
             if not fe.endswith(".weight"):
                 continue
             for i, h in enumerate(hs):

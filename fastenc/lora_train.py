@@ -191,12 +191,10 @@ def _check_args(r, lora_alpha, target_modules, lora_dropout, adapter_name, modul
 def _hf_linears(model) -> list[str]:
     """Every Linear-backed HF module name of `model` as transformers names it (with the head model's prefix)."""
     from fastenc.lora import target_table
-    from fastenc.models import convert
+    from fastenc.models import architecture
 
-    arch = getattr(model.config, "model_type", "")
-    prefix = "" if model.task == "base" else convert.HEAD_PREFIX[arch]
     table = target_table(model)
-    hf_names = {h[:-len(".weight")] for _, hs, _ in convert.MAPS[arch](model.config, model.task, prefix)
+    hf_names = {h[:-len(".weight")] for _, hs, _ in architecture.of_model(model).entries(model.config, model.task)
                 for h in hs if h.endswith(".weight")}
     return sorted(n for n in hf_names if n in table and table[n][2] != "patch"
                   and isinstance(model.get_submodule(table[n][0]), Linear))

@@ -17,12 +17,15 @@ An Architecture declares:
   encoder_of     other transformers classes whose encoder loads as the base model (their own head dropped)
   modality       "text" (input_ids, packed tokens, a tokenizer.json) or "vision" (pixel_values)
   inputs         the transformers forward arguments the fastenc path serves (beyond each head's label names)
+  token_types    whether the fastenc text models take token_type_ids (third positional argument)
   legacy_names   (regex, replacement) renames of older checkpoint keys, applied before the map
   config_overrides  (task, has_pooler) -> fastenc config overrides fixed by the head class (BERT's pooler)
   hf_config      cfg -> extra config.json entries save_pretrained writes (ModernBERT's rope_parameters)
   lora_targets   PEFT's usual target modules for this architecture (benchmarks, `fastenc finetune --lora`)
   pooling        the sentence-embedding pooling `encode` uses when the folder does not say ("mean" | "cls")
   base_output    the transformers output class name of the base model (accelerate)
+  head_outputs   task -> "module:Class" of a transformers output type that is not in transformers.modeling_outputs
+                 (accelerate; e.g. DeiT's distilled classification output)
 """
 from __future__ import annotations
 
@@ -38,11 +41,11 @@ _MODULES = (
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
-         "image_classification")
+         "image_classification", "image_classification_with_teacher")
 # The label arguments each head's forward takes (transformers' names).
 LABEL_ARGS = {"base": (), "sequence_classification": ("labels",), "token_classification": ("labels",),
               "question_answering": ("start_positions", "end_positions"), "masked_lm": ("labels",),
-              "image_classification": ("labels",)}
+              "image_classification": ("labels",), "image_classification_with_teacher": ()}
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Architecture:
     modality: str = "text"
     inputs: frozenset = frozenset({"input_ids", "attention_mask", "token_type_ids", "return_dict",
                                    "num_items_in_batch"})
+    token_types: bool = True
     encoder_of: tuple[str, ...] = ()
     legacy_names: tuple = ()
     config_overrides: Callable | None = None
@@ -62,7 +66,7 @@ class Architecture:
     lora_targets: tuple[str, ...] = ()
     pooling: str = "mean"
     base_output: str = "BaseModelOutput"
-    extra: Mapping = field(default_factory=dict)
+    head_outputs: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         bad = [t for t in self.heads if t not in TASKS]

@@ -12,7 +12,7 @@ Training: parameters require grad; model.train() turns on transformers' dropouts
   classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.heads).
   Without autograd recording (torch.no_grad / inference_mode) and without dropout, the residual adds run in
   place inside the GEMMs; otherwise every step makes new tensors.
-Parameter names (fastenc side of the weight map in convert.py): embeddings.{word,position,token_type}.weight,
+Parameter names (fastenc side of the weight map, `weight_map` below): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*.
 """
@@ -27,6 +27,8 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
+from fastenc.models.architecture import Architecture
+from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows
@@ -199,3 +201,47 @@ class BertForTokenClassification(BertModel):
             return logits
         loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
         return heads.output(self.task, loss, logits)
+
+
+def weight_map(cfg: BertConfig, task: str, prefix: str = "") -> list[Entry]:
+    """fastenc name <-> transformers name of every BERT tensor (prefix: "bert." inside the head classes)."""
+    p = prefix
+    m: list[Entry] = [
+        ("embeddings.word.weight", (f"{p}embeddings.word_embeddings.weight",), "copy"),
+        ("embeddings.position.weight", (f"{p}embeddings.position_embeddings.weight",), "copy"),
+        ("embeddings.token_type.weight", (f"{p}embeddings.token_type_embeddings.weight",), "copy"),
+        *lin("embeddings.norm", f"{p}embeddings.LayerNorm"),
+    ]
+    for i in range(cfg.num_hidden_layers):
+        f, h = f"layers.{i}", f"{p}encoder.layer.{i}"
+        m += qkv(f"{f}.attn.Wqkv", tuple(f"{h}.attention.self.{n}" for n in ("query", "key", "value")))
+        m += lin(f"{f}.attn.Wo", f"{h}.attention.output.dense")
+        m += lin(f"{f}.attn_norm", f"{h}.attention.output.LayerNorm")
+        m += lin(f"{f}.mlp.fc1", f"{h}.intermediate.dense")
+        m += lin(f"{f}.mlp.fc2", f"{h}.output.dense")
+        m += lin(f"{f}.mlp_norm", f"{h}.output.LayerNorm")
+    if cfg.add_pooling_layer:
+        m += lin("pooler", f"{p}pooler.dense")
+    if task in ("sequence_classification", "token_classification"):
+        m += lin("classifier", "classifier")
+    return m
+
+
+def pooler_override(task: str, has_pooler: bool) -> dict:
+    """The base model has a pooler when the checkpoint holds one; of the heads only sequence classification."""
+    return {"add_pooling_layer": has_pooler if task == "base" else task == "sequence_classification"}
+
+
+ARCHITECTURE = Architecture(
+    model_type="bert",
+    config=BertConfig,
+    heads={"base": (BertModel, "BertModel"),
+           "sequence_classification": (BertForSequenceClassification, "BertForSequenceClassification"),
+           "token_classification": (BertForTokenClassification, "BertForTokenClassification")},
+    weight_map=weight_map,
+    head_prefix="bert.",
+    encoder_of=("BertForMaskedLM", "BertForPreTraining", "BertForNextSentencePrediction"),
+    config_overrides=pooler_override,
+    lora_targets=("query", "value"),
+    base_output="BaseModelOutputWithPoolingAndCrossAttentions",
+)

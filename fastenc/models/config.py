@@ -6,9 +6,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-TASKS = ("base", "sequence_classification", "token_classification", "image_classification")
-
-
 def _pick(cls, d: Mapping[str, Any], **override) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     out = {k: v for k, v in d.items() if k in names and v is not None}

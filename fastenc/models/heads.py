@@ -8,6 +8,11 @@ and then kept in the config):
 Token classification: cross-entropy over the real tokens' logits (total_tokens, num_labels) against the labels
 gathered at the same tokens, -100 ignored; labels at padded positions are not read (give -100 there, as
 transformers' data collators do: transformers would count a label placed on a padded position).
+Masked LM: labels int (batch, seq), -100 ignored; the loss is cross-entropy over the labelled tokens' logits. The
+logits are computed only at the rows `packed_rows` selects (the positions asked for, or the labelled ones), never
+over the whole (batch, seq) grid unless asked for.
+Question answering: start_positions / end_positions int (batch,), clamped to [0, seq] with seq ignored (as
+transformers does); the loss is the mean of the start and end cross-entropies.
 Labels are checked before any work: shape, dtype and range, with a ValueError naming `labels`.
 """
 from __future__ import annotations
@@ -112,14 +117,93 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch
     return loss / num_items_in_batch
 
 
-def output(task: str, loss: torch.Tensor | None, logits: torch.Tensor):
-    """transformers' output type for a head (SequenceClassifierOutput, TokenClassifierOutput,
-    ImageClassifierOutput); transformers is imported only here, when a loss is asked for."""
+def packed_rows(name: str, batch, positions) -> torch.Tensor:
+    """Packed row indices (n,) int64 of the positions asked for, in row-major order.
+
+    positions: a bool tensor (batch, seq) (True where logits are wanted) or an integer tensor (n, 2) of (row,
+    column) pairs; every position must be inside (batch, seq) and a real (not padded) token, else a ValueError
+    naming `positions`. `batch` is the PackedBatch of the call."""
+    b, s = batch.batch, batch.seq
+    if not isinstance(positions, torch.Tensor):
+        raise ValueError(f"{name}: positions must be a tensor, got {type(positions).__name__}")
+    device = batch.cu_seqlens.device
+    positions = positions.to(device)
+    if positions.dtype == torch.bool:
+        if tuple(positions.shape) != (b, s):
+            raise ValueError(f"{name}: positions (bool) must have input_ids' shape {(b, s)}, got "
+                             f"{tuple(positions.shape)}")
+        flat = positions.reshape(-1).nonzero().flatten()
+    elif positions.dtype in _INT:
+        if positions.dim() != 2 or positions.shape[1] != 2:
+            raise ValueError(f"{name}: positions (int) must be (n, 2) (row, column) pairs, got shape "
+                             f"{tuple(positions.shape)}")
+        pos = positions.long()
+        bad = (pos[:, 0] < 0) | (pos[:, 0] >= b) | (pos[:, 1] < 0) | (pos[:, 1] >= s)
+        if bool(bad.any()):
+            r, c = (int(v) for v in pos[bad][0])
+            raise ValueError(f"{name}: positions must be (row, column) inside (batch, seq) = {(b, s)}, got "
+                             f"({r}, {c})")
+        flat = pos[:, 0] * s + pos[:, 1]
+    else:
+        raise ValueError(f"{name}: positions must be a bool (batch, seq) mask or an int (n, 2) tensor, got "
+                         f"{positions.dtype}")
+    if batch.indices is None:
+        return flat
+    lookup = torch.full((b * s,), -1, dtype=torch.long, device=device)
+    lookup[batch.indices] = torch.arange(batch.total, device=device)
+    rows = lookup[flat]
+    if bool((rows < 0).any()):
+        f = int(flat[rows < 0][0])
+        raise ValueError(f"{name}: positions must be real tokens, got the padded position ({f // s}, {f % s})")
+    return rows
+
+
+def check_mlm_labels(name: str, vocab_size: int, labels, shape: tuple[int, int]) -> None:
+    """Validate masked-LM labels: int (batch, seq), token ids in [0, vocab_size) or IGNORE."""
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"{name}: labels must be a tensor, got {type(labels).__name__}")
+    if labels.dtype not in _INT:
+        raise ValueError(f"{name}: labels must be an integer tensor, got {labels.dtype}")
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(f"{name}: labels must have input_ids' shape {tuple(shape)}, got {tuple(labels.shape)}")
+    _range(name, labels, vocab_size)
+
+
+def check_qa_positions(name: str, start_positions, end_positions, batch: int) -> None:
+    """Validate start_positions / end_positions: both given, int, batch elements each."""
+    if (start_positions is None) != (end_positions is None):
+        raise ValueError(f"{name}: start_positions and end_positions must be given together")
+    for arg, v in (("start_positions", start_positions), ("end_positions", end_positions)):
+        if not isinstance(v, torch.Tensor) or v.dtype not in _INT:
+            raise ValueError(f"{name}: {arg} must be an integer tensor, got "
+                             f"{getattr(v, 'dtype', type(v).__name__)}")
+        if v.numel() != batch:
+            raise ValueError(f"{name}: {arg} must have {batch} elements (one per sequence), got shape "
+                             f"{tuple(v.shape)}")
+
+
+def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
+            end_positions: torch.Tensor) -> torch.Tensor:
+    """(CE(start) + CE(end)) / 2 over (batch, seq) logits; positions outside [0, seq) are ignored (transformers
+    clamps them to seq and ignores seq)."""
+    seq = start_logits.shape[1]
+    s = start_positions.reshape(-1).to(start_logits.device).long().clamp(0, seq)
+    e = end_positions.reshape(-1).to(end_logits.device).long().clamp(0, seq)
+    return (F.cross_entropy(start_logits, s, ignore_index=seq) + F.cross_entropy(end_logits, e, ignore_index=seq)) / 2
+
+
+def output(task: str, loss: torch.Tensor | None, logits):
+    """transformers' output type for a head (SequenceClassifierOutput, TokenClassifierOutput, MaskedLMOutput,
+    QuestionAnsweringModelOutput (logits = (start, end)), ImageClassifierOutput); transformers is imported only
+    here, when a loss is asked for."""
     try:
         from transformers import modeling_outputs as mo
     except ImportError as e:
         raise ImportError(f"labels= returns transformers' output types; install transformers ({e})") from None
+    if task == "question_answering":
+        return mo.QuestionAnsweringModelOutput(loss=loss, start_logits=logits[0], end_logits=logits[1])
     cls = {"sequence_classification": mo.SequenceClassifierOutput,
            "token_classification": mo.TokenClassifierOutput,
+           "masked_lm": mo.MaskedLMOutput,
            "image_classification": mo.ImageClassifierOutput}[task]
     return cls(loss=loss, logits=logits)

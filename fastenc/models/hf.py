@@ -29,15 +29,12 @@ import warnings
 
 import torch
 
-from fastenc.models import convert, heads
+from fastenc.models import architecture, heads
 from fastenc.models.loading import SUPPORTED, from_hf
 
-# Arguments the fastenc path understands, per architecture; any other set to a value other than None/False falls
-# back to transformers (with a warning naming it).
-_HANDLED = {"bert": {"input_ids", "attention_mask", "token_type_ids", "return_dict", "num_items_in_batch"},
-            "modernbert": {"input_ids", "attention_mask", "token_type_ids", "return_dict",  # (types: unused)
-                           "num_items_in_batch"},
-            "vit": {"pixel_values", "return_dict", "num_items_in_batch"}}
+# The arguments the fastenc path understands are each architecture's `inputs` plus its head's label arguments
+# (fastenc.models.architecture); any other set to a value other than None/False falls back to transformers (with
+# a warning naming it).
 _WHY = {"labels": "labels= on a base model (no head, no loss) is not supported",
         "inputs_embeds": "inputs_embeds is not supported",
         "position_ids": "explicit position_ids are not supported",
@@ -48,21 +45,26 @@ class FallbackWarning(UserWarning):
     """A call to a module made by fastenc.accelerate ran on the transformers forward (the message says why)."""
 
 
+_HEAD_OUTPUT = {"sequence_classification": "SequenceClassifierOutput", "token_classification": "TokenClassifierOutput",
+                "question_answering": "QuestionAnsweringModelOutput", "masked_lm": "MaskedLMOutput",
+                "image_classification": "ImageClassifierOutput"}
+
+
 def _output_type(arch: str, task: str):
+    import importlib
+
     from transformers import modeling_outputs as mo
 
-    if task == "sequence_classification":
-        return mo.SequenceClassifierOutput
-    if task == "token_classification":
-        return mo.TokenClassifierOutput
-    if task == "image_classification":
-        return mo.ImageClassifierOutput
-    return {"bert": mo.BaseModelOutputWithPoolingAndCrossAttentions, "modernbert": mo.BaseModelOutput,
-            "vit": mo.BaseModelOutputWithPooling}[arch]
+    spec = architecture.get(arch)
+    if task in spec.head_outputs:
+        module, _, name = spec.head_outputs[task].partition(":")
+        return getattr(importlib.import_module(module), name)
+    return getattr(mo, _HEAD_OUTPUT.get(task) or spec.base_output)
 
 
 def _needs_column0(arch: str, task: str, fe) -> bool:
-    if task == "token_classification" or arch == "vit":
+    """Whether the call's output reads column 0 (the base model's pooler, a CLS-pooled classification head)."""
+    if task not in ("base", "sequence_classification") or architecture.get(arch).modality != "text":
         return False
     return not (task == "sequence_classification" and getattr(fe.config, "classifier_pooling", "cls") == "mean")
 
@@ -77,7 +79,7 @@ def _left_padding_reasons(arch: str, fe, mask) -> list[str]:
         return []
     if not bool(m.any(1).all()):
         return ["a row of attention_mask has no real token (its pooled column 0 sees no key)"]
-    if arch == "modernbert" and any(layer.attn.window is not None for layer in fe.layers):
+    if any(getattr(layer.attn, "window", None) is not None for layer in fe.layers):
         half = min(layer.attn.window[1] for layer in fe.layers if layer.attn.window is not None)
         first = m.int().argmax(1)
         if bool((first > half).any()):
@@ -89,7 +91,7 @@ def _left_padding_reasons(arch: str, fe, mask) -> list[str]:
 def _reasons(self, a: dict, arch: str) -> list[str]:
     """Why the fastenc path cannot serve this call exactly (empty: it can)."""
     out = []
-    handled = _HANDLED[arch] | ({"labels"} if type(self)._fastenc_kind[1] != "base" else set())
+    handled = architecture.get(arch).inputs | set(architecture.LABEL_ARGS[type(self)._fastenc_kind[1]])
     for k, v in a.items():
         if k in handled or v is None or v is False:
             continue
@@ -99,10 +101,11 @@ def _reasons(self, a: dict, arch: str) -> list[str]:
         if a.get(flag) is None and getattr(self.config, flag, False):
             out.append(f"config.{flag}=True is not supported")
     mask = a.get("attention_mask")
-    if arch != "vit" and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+    text = architecture.get(arch).modality == "text"
+    if text and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
         out.append(f"attention_mask of shape {tuple(getattr(mask, 'shape', ()))} is not supported (only "
                    f"(batch, seq))")
-    elif arch != "vit" and _needs_column0(arch, type(self)._fastenc_kind[1], self.__dict__["_fastenc"]):
+    elif text and _needs_column0(arch, type(self)._fastenc_kind[1], self.__dict__["_fastenc"]):
         out += _left_padding_reasons(arch, self.__dict__["_fastenc"], mask)
     return out
 
@@ -136,43 +139,60 @@ def _fast_forward(self, *args, **kwargs):
         return_dict = getattr(self.config, "return_dict", True)
     with _weights(self, fe):
         out = _run(self, fe, arch, task, a)
-    if task != "base" and out.loss is not None:
+    if task != "base" and getattr(out, "loss", None) is not None and hasattr(fe.config, "problem_type"):
         self.config.problem_type = getattr(fe.config, "problem_type", None) or self.config.problem_type
     return out if return_dict else out.to_tuple()
 
 
 def _run(self, fe, arch: str, task: str, a: dict):
-    """The fastenc forward of one call, as transformers' output type (labels checked before any work)."""
+    """The fastenc forward of one call, as transformers' output type (labels checked before any work).
+
+    A head's forward takes the architecture's text inputs (or pixel_values) and its label arguments
+    (architecture.LABEL_ARGS) and returns its logits (a (start, end) pair for question answering), or
+    transformers' output with the loss when labels are given. A head whose transformers output holds more than
+    that defines `hf_forward` (same arguments) returning a dict of the output's fields. The base model and CLS-pooled sequence
+    classification read column 0 as transformers does (fe._run(..., column0=True), fe.classify, fe.pooler)."""
     out_cls = _output_type(arch, task)
-    labels, nib = a.get("labels"), a.get("num_items_in_batch")
-    if arch == "vit":
+    spec = architecture.get(arch)
+    labels = {k: a[k] for k in architecture.LABEL_ARGS[task] if a.get(k) is not None}
+    if spec.modality == "vision":
         pv = a.get("pixel_values")
         if task == "base":
             x, batch = fe(pv, return_packed=True)
             hidden = batch.pad(x)
             return out_cls(last_hidden_state=hidden, pooler_output=fe.pool(hidden) if fe.pooler is not None else None)
-        return fe(pv, labels=labels, num_items_in_batch=nib) if labels is not None else out_cls(logits=fe(pv))
+        if labels:
+            return fe(pv, **labels, num_items_in_batch=a.get("num_items_in_batch"))
+        return _wrap(out_cls, task, getattr(fe, "hf_forward", fe)(pv))
     ids, mask, types = a.get("input_ids"), a.get("attention_mask"), a.get("token_type_ids")
-    text = (ids, mask, types) if arch == "bert" else (ids, mask)
-    if task == "token_classification" or (task == "sequence_classification" and arch == "modernbert"
-                                          and fe.config.classifier_pooling == "mean"):
-        return fe(*text, labels=labels) if labels is not None else out_cls(logits=fe(*text))
+    text = (ids, mask, types) if spec.token_types else (ids, mask)
+    if not _needs_column0(arch, task, fe):
+        return fe(*text, **labels) if labels else _wrap(out_cls, task, getattr(fe, "hf_forward", fe)(*text))
     # column 0 as transformers reads it, padding or not
     kind = None
-    if labels is not None:
-        kind = heads.check_sequence_labels(type(self).__name__, fe.config, labels, heads.grid(ids)[0])
+    if labels:
+        kind = heads.check_sequence_labels(type(self).__name__, fe.config, labels["labels"], heads.grid(ids)[0])
     x, batch, first = fe._run(*text, column0=True)
     if task == "sequence_classification":
         logits = fe.classify(first)
-        loss = None if labels is None else heads.sequence_loss(fe.config, kind, logits, labels)
+        loss = None if kind is None else heads.sequence_loss(fe.config, kind, logits, labels["labels"])
         return out_cls(loss=loss, logits=logits)
     hidden = batch.pad(x)
     if batch.indices is not None:  # (a new tensor: padding was re-inserted)
         hidden[:, 0] = first
-    if arch == "bert":
-        return out_cls(last_hidden_state=hidden,
-                       pooler_output=torch.tanh(fe.pooler(first)) if fe.pooler is not None else None)
+    if "pooler_output" in out_cls.__dataclass_fields__:
+        pooler = getattr(fe, "pooler", None)
+        return out_cls(last_hidden_state=hidden, pooler_output=torch.tanh(pooler(first)) if pooler is not None else None)
     return out_cls(last_hidden_state=hidden)
+
+
+def _wrap(out_cls, task: str, logits):
+    """A head's logits as transformers' output (question answering: the (start, end) pair; a dict: the fields)."""
+    if isinstance(logits, dict):
+        return out_cls(**logits)
+    if task == "question_answering":
+        return out_cls(start_logits=logits[0], end_logits=logits[1])
+    return out_cls(logits=logits)
 
 
 def _live(self, entries) -> dict:
@@ -275,7 +295,6 @@ def accelerate(hf_model, copy: bool = False):
     obj.__dict__["_fastenc"] = fe
     obj.__dict__["_fastenc_copy"] = copy
     arch, task = SUPPORTED[name]
-    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
-    obj.__dict__["_fastenc_entries"] = convert.MAPS[arch](fe.config, task, prefix)
+    obj.__dict__["_fastenc_entries"] = architecture.get(arch).entries(fe.config, task)
     obj.__dict__["_fastenc_versions"] = {}
     return obj

@@ -8,42 +8,25 @@ from typing import Mapping
 
 import torch
 
-from fastenc.models import convert
-from fastenc.models.config import BertConfig, ModernBertConfig, ViTConfig
-
-# Hugging Face class name -> (architecture, task). The first group is what from_hf accepts.
-SUPPORTED = {
-    "BertModel": ("bert", "base"),
-    "BertForSequenceClassification": ("bert", "sequence_classification"),
-    "BertForTokenClassification": ("bert", "token_classification"),
-    "ModernBertModel": ("modernbert", "base"),
-    "ModernBertForSequenceClassification": ("modernbert", "sequence_classification"),
-    "ModernBertForTokenClassification": ("modernbert", "token_classification"),
-    "ViTModel": ("vit", "base"),
-    "ViTForImageClassification": ("vit", "image_classification"),
-}
-# Checkpoints whose encoder can be loaded as the base model (their own head is dropped).
-ENCODER_OF = {
-    "BertForMaskedLM": "bert", "BertForPreTraining": "bert", "BertForNextSentencePrediction": "bert",
-    "ModernBertForMaskedLM": "modernbert", "ViTForMaskedImageModeling": "vit",
-}
-CONFIGS = {"bert": BertConfig, "modernbert": ModernBertConfig, "vit": ViTConfig}
+from fastenc.models import architecture, convert
 
 
-def model_class(arch: str, task: str):
-    from fastenc.models import bert, modernbert, vit
 
-    table = {
-        ("bert", "base"): bert.BertModel,
-        ("bert", "sequence_classification"): bert.BertForSequenceClassification,
-        ("bert", "token_classification"): bert.BertForTokenClassification,
-        ("modernbert", "base"): modernbert.ModernBertModel,
-        ("modernbert", "sequence_classification"): modernbert.ModernBertForSequenceClassification,
-        ("modernbert", "token_classification"): modernbert.ModernBertForTokenClassification,
-        ("vit", "base"): vit.ViTModel,
-        ("vit", "image_classification"): vit.ViTForImageClassification,
-    }
-    return table[(arch, task)]
+class _Supported(Mapping):
+    """transformers class name -> (model_type, task), every head of every registered architecture (read from the
+    architecture table on each use)."""
+
+    def __getitem__(self, name):
+        return architecture.hf_classes()[name]
+
+    def __iter__(self):
+        return iter(architecture.hf_classes())
+
+    def __len__(self):
+        return len(architecture.hf_classes())
+
+
+SUPPORTED = _Supported()
 
 
 def _unsupported(what: str) -> ValueError:
@@ -53,7 +36,8 @@ def _unsupported(what: str) -> ValueError:
 def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefix: str = "", copy: bool = True,
           device=None, dtype=None):
     """fastenc model of (arch, task) holding `hf_state`'s weights (mapped); complete or an error, never partial."""
-    entries = convert.MAPS[arch](cfg, task, prefix)
+    spec = architecture.get(arch)
+    entries = spec.entries(cfg, task, prefix)
     try:
         state = convert.hf_to_fastenc(entries, hf_state, cfg)
     except KeyError as e:
@@ -65,7 +49,7 @@ def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefi
         state = {k: v.detach().clone() if v.device.type != "meta" and v.untyped_storage().data_ptr() in shared
                  else v for k, v in state.items()}
     with torch.device("meta"):
-        model = model_class(arch, task)(cfg)
+        model = spec.model_class(task)(cfg)
     expected = dict(model.state_dict())
     for fe, hs, kind in entries:
         v = state[fe]
@@ -83,33 +67,24 @@ def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefi
     return model
 
 
-def _pooling(arch: str, task: str, has_pooler: bool) -> dict:
-    """add_pooling_layer for BERT/ViT: the base model has a pooler if its weights exist; heads decide for themselves."""
-    if arch == "modernbert":
-        return {}
-    if task == "base":
-        return {"add_pooling_layer": has_pooler}
-    return {"add_pooling_layer": task == "sequence_classification"}
-
-
 def from_hf(hf_model, copy: bool = True):
     """fastenc model equivalent to a transformers model object (same device and dtype).
 
-    Accepts BertModel, BertForSequenceClassification, BertForTokenClassification, ModernBertModel,
-    ModernBertForSequenceClassification, ModernBertForTokenClassification, ViTModel, ViTForImageClassification.
+    Accepts every transformers class of the architecture table (`SUPPORTED`: BertModel,
+    BertForSequenceClassification, ..., ViTForImageClassification).
     copy=False shares every tensor that needs no conversion with `hf_model` (only fused QKV is new).
     """
     name = next((c.__name__ for c in type(hf_model).__mro__ if c.__name__ in SUPPORTED), None)
     if name is None:
         raise _unsupported(type(hf_model).__name__)
     arch, task = SUPPORTED[name]
+    spec = architecture.get(arch)
     d = hf_model.config.to_dict()
-    extra = _pooling(arch, task, getattr(hf_model, "pooler", None) is not None)
-    cfg = CONFIGS[arch].from_dict(d, **extra)
-    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
-    model = build(arch, task, cfg, hf_model.state_dict(), prefix, copy=copy)
+    extra = spec.overrides(task, getattr(hf_model, "pooler", None) is not None)
+    cfg = spec.config.from_dict(d, **extra)
+    model = build(arch, task, cfg, hf_model.state_dict(), spec.prefix(task), copy=copy)
     folder = getattr(hf_model, "name_or_path", None) or getattr(hf_model.config, "_name_or_path", None)
-    if folder and arch != "vit" and Path(folder).is_dir():
+    if folder and spec.modality == "text" and Path(folder).is_dir():
         model.load_tokenizer(folder)
     return model
 
@@ -184,26 +159,26 @@ def from_pretrained(path, device=None, dtype=None):
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ValueError(f"from_pretrained: {cfg_file}: architectures must be a list of class names, got {archs!r}")
     name = archs[0] if archs else None
-    if name in SUPPORTED:
-        arch, task = SUPPORTED[name]
-    elif name in ENCODER_OF:
-        arch, task = ENCODER_OF[name], "base"
-    elif name is None and d.get("model_type") in CONFIGS:
+    heads, encoders = architecture.hf_classes(), architecture.encoder_classes()
+    if name in heads:
+        arch, task = heads[name]
+    elif name in encoders:
+        arch, task = encoders[name], "base"
+    elif name is None and d.get("model_type") in architecture.architectures():
         arch, task = d["model_type"], "base"
     else:
         raise _unsupported(name or d.get("model_type"))
+    spec = architecture.get(arch)
     state = convert.normalize_hf_names(arch, _read_weights(folder))
     prefix = ""
-    if task != "base":
-        prefix = convert.HEAD_PREFIX[arch]
-    elif not any(k.startswith(("embeddings.",)) for k in state):
-        prefix = convert.HEAD_PREFIX[arch]
-    extra = _pooling(arch, task, f"{prefix}pooler.dense.weight" in state)
-    cfg = CONFIGS[arch].from_dict(d, **extra)
+    if task != "base" or not any(k.startswith(("embeddings.",)) for k in state):
+        prefix = spec.head_prefix
+    extra = spec.overrides(task, f"{prefix}pooler.dense.weight" in state)
+    cfg = spec.config.from_dict(d, **extra)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dtype is None:
         dtype = torch.float32 if dev.type == "cpu" else torch.float16
     model = build(arch, task, cfg, state, prefix, copy=False, device=dev, dtype=dtype)
-    if arch != "vit":
+    if spec.modality == "text":
         model.load_tokenizer(folder)
     return model

@@ -22,6 +22,8 @@ from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
+from fastenc.models.architecture import Architecture
+from fastenc.models.convert import Entry, lin
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, row_tokens, rows_with_holes
@@ -215,3 +217,47 @@ class ModernBertForTokenClassification(_ModernBertWithHead):
             return logits
         loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
         return heads.output(self.task, loss, logits)
+
+
+def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry]:
+    """fastenc name <-> transformers name of every ModernBERT tensor (prefix: "model." inside the head classes)."""
+    p, nb = prefix, cfg.norm_bias
+    m: list[Entry] = [("embeddings.tok.weight", (f"{p}embeddings.tok_embeddings.weight",), "copy"),
+                      *lin("embeddings.norm", f"{p}embeddings.norm", nb)]
+    for i in range(cfg.num_hidden_layers):
+        f, h = f"layers.{i}", f"{p}layers.{i}"
+        if i > 0:
+            m += lin(f"{f}.attn_norm", f"{h}.attn_norm", nb)
+        m += lin(f"{f}.attn.Wqkv", f"{h}.attn.Wqkv", cfg.attention_bias)
+        m += lin(f"{f}.attn.Wo", f"{h}.attn.Wo", cfg.attention_bias)
+        m += lin(f"{f}.mlp_norm", f"{h}.mlp_norm", nb)
+        m += lin(f"{f}.mlp.Wi", f"{h}.mlp.Wi", cfg.mlp_bias)
+        m += lin(f"{f}.mlp.Wo", f"{h}.mlp.Wo", cfg.mlp_bias)
+    m += lin("final_norm", f"{p}final_norm", nb)
+    if task in ("sequence_classification", "token_classification"):
+        m += lin("head.dense", "head.dense", cfg.classifier_bias)
+        m += lin("head.norm", "head.norm", nb)
+        m += lin("classifier", "classifier")
+    return m
+
+
+def hf_config(cfg: ModernBertConfig) -> dict:
+    """config.json entries transformers reads the RoPE thetas from."""
+    return {"rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_global},
+        "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_local}}}
+
+
+ARCHITECTURE = Architecture(
+    model_type="modernbert",
+    config=ModernBertConfig,
+    heads={"base": (ModernBertModel, "ModernBertModel"),
+           "sequence_classification": (ModernBertForSequenceClassification, "ModernBertForSequenceClassification"),
+           "token_classification": (ModernBertForTokenClassification, "ModernBertForTokenClassification")},
+    weight_map=weight_map,
+    head_prefix="model.",
+    token_types=False,  # (transformers' forward takes token_type_ids and ignores them; so does accelerate)
+    encoder_of=("ModernBertForMaskedLM",),
+    hf_config=hf_config,
+    lora_targets=("Wqkv",),
+)

@@ -14,31 +14,25 @@ from pathlib import Path
 
 import torch
 
-from fastenc.models import convert
+from fastenc.models import architecture, convert
 
 # fastenc fields with no transformers config key of the same meaning.
 _FASTENC_ONLY = {"hf_config", "add_pooling_layer", "rope_theta_global", "rope_theta_local"}
 
 
-def hf_class_name(arch: str, task: str) -> str:
-    from fastenc.models.loading import SUPPORTED
-
-    return next(name for name, kind in SUPPORTED.items() if kind == (arch, task))
-
-
 def hf_config_dict(cfg, arch: str, task: str, dtype: torch.dtype) -> dict:
     """The config.json of a saved model (JSON-serializable)."""
-    mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _FASTENC_ONLY}
-    if arch == "modernbert":
-        mine["rope_parameters"] = {
-            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_global},
-            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_local}}
+    spec = architecture.get(arch)
+    mine = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in _FASTENC_ONLY and k not in getattr(cfg, "FASTENC_ONLY", ())}
+    if spec.hf_config is not None:
+        mine.update(spec.hf_config(cfg))
     out = dict(cfg.hf_config) if cfg.hf_config is not None else {}
     out.update(mine)
     labels = cfg.id2label or {i: f"LABEL_{i}" for i in range(cfg.num_labels)}
     out["id2label"] = {str(k): v for k, v in labels.items()}
     out["label2id"] = {v: int(k) for k, v in labels.items()}
-    out["architectures"] = [hf_class_name(arch, task)]
+    out["architectures"] = [spec.hf_class(task)]
     out["model_type"] = arch
     out["dtype"] = str(dtype).removeprefix("torch.")
     out.pop("torch_dtype", None)
@@ -46,7 +40,7 @@ def hf_config_dict(cfg, arch: str, task: str, dtype: torch.dtype) -> dict:
 
 
 class SaveMixin:
-    """save_pretrained for the fastenc models (config.model_type, task and the weight maps in convert.py)."""
+    """save_pretrained for the fastenc models (config.model_type, task and the architecture's weight map)."""
 
     def save_pretrained(self, folder) -> Path:
         """Write config.json and model.safetensors under transformers' names into `folder` (created if needed);
@@ -54,8 +48,7 @@ class SaveMixin:
         from safetensors.torch import save_file
 
         cfg, arch, task = self.config, self.config.model_type, self.task
-        prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
-        entries = convert.MAPS[arch](cfg, task, prefix)
+        entries = architecture.get(arch).entries(cfg, task)
         with torch.no_grad():
             state = {k: v.detach() for k, v in self.state_dict().items()}
             hf = convert.fastenc_to_hf(entries, state, cfg)

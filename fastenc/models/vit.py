@@ -12,6 +12,7 @@ ViTForImageClassification takes labels= and returns transformers' ImageClassifie
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,8 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
+from fastenc.models.architecture import Architecture
+from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
 from fastenc.models.padding import PackedBatch
@@ -149,3 +152,63 @@ class ViTForImageClassification(ViTModel):
             return logits
         loss = heads.sequence_loss(self.config, kind, logits, labels, num_items_in_batch)
         return heads.output(self.task, loss, logits)
+
+
+def weight_map(cfg: ViTConfig, task: str, prefix: str = "") -> list[Entry]:
+    """fastenc name <-> transformers name of every ViT tensor (prefix: "vit." inside the head classes)."""
+    p = prefix
+    m: list[Entry] = [
+        ("embeddings.cls_token", (f"{p}embeddings.cls_token",), "copy"),
+        ("embeddings.position", (f"{p}embeddings.position_embeddings",), "copy"),
+        ("embeddings.patch.weight", (f"{p}embeddings.patch_embeddings.projection.weight",), "patch"),
+        ("embeddings.patch.bias", (f"{p}embeddings.patch_embeddings.projection.bias",), "copy"),
+    ]
+    for i in range(cfg.num_hidden_layers):
+        f, h = f"layers.{i}", f"{p}layers.{i}"
+        m += lin(f"{f}.attn_norm", f"{h}.layernorm_before")
+        m += qkv(f"{f}.attn.Wqkv", tuple(f"{h}.attention.{n}_proj" for n in "qkv"), cfg.qkv_bias)
+        m += lin(f"{f}.attn.Wo", f"{h}.attention.o_proj")
+        m += lin(f"{f}.mlp_norm", f"{h}.layernorm_after")
+        m += lin(f"{f}.mlp.fc1", f"{h}.mlp.fc1")
+        m += lin(f"{f}.mlp.fc2", f"{h}.mlp.fc2")
+    m += lin("norm", f"{p}layernorm")
+    if cfg.add_pooling_layer:
+        m += lin("pooler", f"{p}pooler.dense")
+    if task == "image_classification" and cfg.num_labels > 0:
+        m += lin("classifier", "classifier")
+    return m
+
+
+LEGACY_NAMES = (  # ViT before transformers 5 (encoder.layer.N.attention.attention.query ...)
+    (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\."),
+     lambda mt: f"{mt[1] or ''}layers.{mt[2]}.attention.{mt[3][0]}_proj."),
+    (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.attention\.output\.dense\."),
+     lambda mt: f"{mt[1] or ''}layers.{mt[2]}.attention.o_proj."),
+    (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.intermediate\.dense\."), lambda mt: f"{mt[1] or ''}layers.{mt[2]}.mlp.fc1."),
+    (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.output\.dense\."), lambda mt: f"{mt[1] or ''}layers.{mt[2]}.mlp.fc2."),
+    (re.compile(r"^(vit\.)?encoder\.layer\.(\d+)\.(layernorm_before|layernorm_after)\."),
+     lambda mt: f"{mt[1] or ''}layers.{mt[2]}.{mt[3]}."),
+)
+
+
+def pooler_override(task: str, has_pooler: bool) -> dict:
+    """The base model has a pooler when the checkpoint holds one; the classification head has none."""
+    return {"add_pooling_layer": has_pooler if task == "base" else False}
+
+
+ARCHITECTURE = Architecture(
+    model_type="vit",
+    config=ViTConfig,
+    heads={"base": (ViTModel, "ViTModel"),
+           "image_classification": (ViTForImageClassification, "ViTForImageClassification")},
+    weight_map=weight_map,
+    head_prefix="vit.",
+    modality="vision",
+    inputs=frozenset({"pixel_values", "return_dict", "num_items_in_batch"}),
+    encoder_of=("ViTForMaskedImageModeling",),
+    legacy_names=LEGACY_NAMES,
+    config_overrides=pooler_override,
+    lora_targets=("q_proj", "v_proj"),
+    pooling="cls",
+    base_output="BaseModelOutputWithPooling",
+)

@@ -8,16 +8,15 @@ import torch
 
 import fastenc
 import _models_hf as _hf
-from fastenc.models import convert
+from fastenc.models import architecture, convert
 from fastenc.models.loading import SUPPORTED
 
-CASES = [("bert", "base"), ("bert", "sequence_classification"), ("bert", "token_classification"),
-         ("modernbert", "base"), ("modernbert", "sequence_classification"), ("modernbert", "token_classification"),
-         ("vit", "base"), ("vit", "image_classification")]
+# Every head of every registered architecture (a transformers factory named after the model_type in _models_hf).
+CASES = [(a, t) for a, spec in architecture.architectures().items() for t in spec.heads]
 
 
 def _make(arch, task):
-    small = {"bert": dict(layers=2), "modernbert": dict(layers=2), "vit": dict(layers=1, image=32, patch=8)}[arch]
+    small = dict(layers=1, image=32, patch=8) if architecture.get(arch).modality == "vision" else dict(layers=2)
     return getattr(_hf, arch)(task, **small)
 
 
@@ -25,8 +24,7 @@ def _make(arch, task):
 def test_weight_map_round_trip(arch, task):
     hf = _make(arch, task)
     fe = fastenc.from_hf(hf)
-    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
-    entries = convert.MAPS[arch](fe.config, task, prefix)
+    entries = architecture.get(arch).entries(fe.config, task)
     # every fastenc tensor is covered exactly once, and mapping back restores every HF tensor
     assert sorted(e[0] for e in entries) == sorted(fe.state_dict())
     back = convert.fastenc_to_hf(entries, fe.state_dict(), fe.config)
@@ -92,7 +90,19 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported: "):
         fastenc.from_pretrained(tmp_path)
-    assert len(SUPPORTED) == 8
+    assert {"BertModel", "ModernBertForTokenClassification", "ViTForImageClassification"} <= set(SUPPORTED)
+    assert dict(SUPPORTED) == architecture.hf_classes()
+
+
+def test_architecture_table_declares_every_head():
+    for model_type, spec in architecture.architectures().items():
+        assert spec.model_type == model_type and spec.config.from_dict
+        for task, (cls, hf_name) in spec.heads.items():
+            assert cls.task == task and SUPPORTED[hf_name] == (model_type, task)
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'; supported: bert, modernbert, vit"):
+        architecture.get("gpt2")
+    with pytest.raises(ValueError, match="unsupported head 'masked_lm'.*supported: base, image_classification"):
+        architecture.get("vit").model_class("masked_lm")
 
 
 def test_missing_or_corrupt_weights(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import _models_hf as _hf
-from fastenc.models import convert
+from fastenc.models import architecture, convert
 from fastenc.models.loading import SUPPORTED
 
 NO_DROP = {"bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
@@ -57,9 +57,8 @@ def base_loss(hidden: torch.Tensor, mask: torch.Tensor | None, seed: int = 0) ->
 
 def hf_names(fe_model, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """fastenc-named tensors (parameters or their gradients) under transformers' names (the inverse map)."""
-    arch, task = fe_model.config.model_type, fe_model.task
-    prefix = "" if task == "base" else convert.HEAD_PREFIX[arch]
-    return convert.fastenc_to_hf(convert.MAPS[arch](fe_model.config, task, prefix), tensors, fe_model.config)
+    entries = architecture.of_model(fe_model).entries(fe_model.config, fe_model.task)
+    return convert.fastenc_to_hf(entries, tensors, fe_model.config)
 
 
 def assert_params_close(fe_model, fe_tensors: dict, hf_tensors: dict, rtol: float, what: str) -> None:
