@@ -52,7 +52,23 @@ def cmd_info(args) -> int:
     print(f"{'-' * w}  {'-' * 9}  {'-' * 40}")
     for op, backend, status in rows:
         print(f"{op:<{w}}  {backend:<9}  {status}")
+    _print_architectures()
     return 0
+
+
+def _print_architectures() -> None:
+    """The architecture table: each model_type, its modality and the transformers classes (heads) it loads."""
+    from fastenc.models import architecture
+
+    table = architecture.architectures()
+    w = max(12, *(len(a) for a in table))
+    print()
+    print(f"{'architecture':<{w}}  {'input':<6}  transformers classes (task)")
+    print(f"{'-' * w}  {'-' * 6}  {'-' * 40}")
+    for name, spec in table.items():
+        heads = ", ".join(f"{hf} ({task})" for task, (_, hf) in spec.heads.items())
+        enc = f"; encoder of {', '.join(spec.encoder_of)}" if spec.encoder_of else ""
+        print(f"{name:<{w}}  {spec.modality:<6}  {heads}{enc}")
 
 
 def build_parser() -> argparse.ArgumentParser:

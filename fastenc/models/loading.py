@@ -33,11 +33,31 @@ def _unsupported(what: str) -> ValueError:
     return ValueError(f"unsupported architecture {what!r}; supported: {', '.join(SUPPORTED)}")
 
 
+# Buffers older checkpoints saved beside the weights (transformers recomputes them): never an error.
+_BUFFERS = ("position_ids", "token_type_ids", "inv_freq")
+
+
+def _check_unexpected(arch: str, task: str, entries, hf_state: Mapping[str, torch.Tensor], prefix: str) -> None:
+    """A tensor under a part of the encoder the map covers (its embeddings, its layers) that the map does not
+    read means the config and the weights disagree (e.g. more layers than num_hidden_layers): an error naming it.
+    Other unread tensors (another head's, a pooler a head does not use, saved buffers) are ignored, as
+    transformers ignores them."""
+    used = {h for _, hs, _ in entries for h in hs}
+    roots = {h[len(prefix):].split(".", 1)[0] for h in used if h.startswith(prefix)}
+    extra = [k for k in hf_state if k not in used and k.startswith(prefix)
+             and k[len(prefix):].split(".", 1)[0] in roots and not k.endswith(_BUFFERS)]
+    if extra:
+        raise ValueError(f"{arch} ({task}): unexpected weights {extra[:8]}{' ...' if len(extra) > 8 else ''} "
+                         f"({len(extra)} in all): the checkpoint holds tensors the config does not describe "
+                         f"(check num_hidden_layers and the other sizes in config.json)")
+
+
 def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefix: str = "", copy: bool = True,
           device=None, dtype=None):
     """fastenc model of (arch, task) holding `hf_state`'s weights (mapped); complete or an error, never partial."""
     spec = architecture.get(arch)
     entries = spec.entries(cfg, task, prefix)
+    _check_unexpected(arch, task, entries, hf_state, prefix)
     try:
         state = convert.hf_to_fastenc(entries, hf_state, cfg)
     except KeyError as e:

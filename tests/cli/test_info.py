@@ -17,6 +17,18 @@ def test_info_lists_every_op_and_backend():
     assert "torch" in out.stdout and "python" in out.stdout
 
 
+def test_info_lists_every_architecture_and_head():
+    from fastenc.models import architecture
+
+    out = run("info")
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    for name, spec in architecture.architectures().items():
+        assert name in lines, name
+        for task, (_, hf) in spec.heads.items():
+            assert f"{hf} ({task})" in lines[name]
+
+
 def test_import_is_cheap():
     # torch's own import (~1.3 s here) is measured apart; fastenc's share on top of it must stay small so
     # that `python -c "import fastenc"` stays under 2 s on a 2-core machine.

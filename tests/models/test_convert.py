@@ -124,6 +124,19 @@ def test_missing_or_corrupt_weights(tmp_path):
     save_file(state, str(st))
     with pytest.raises(ValueError, match=r"missing weights: \['encoder.layer.1.output.dense.weight'"):
         fastenc.from_pretrained(tmp_path)
+    # a checkpoint with more layers than its config: the unread layer is named; another head's tensors and saved
+    # buffers are not an error
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    state["encoder.layer.2.output.dense.weight"] = state["encoder.layer.1.output.dense.weight"].clone()
+    save_file(state, str(st))
+    with pytest.raises(ValueError, match=r"unexpected weights \['encoder.layer.2.output.dense.weight'\].*"
+                                         r"num_hidden_layers"):
+        fastenc.from_pretrained(tmp_path)
+    del state["encoder.layer.2.output.dense.weight"]
+    state["embeddings.position_ids"] = torch.arange(160)[None]
+    state["cls.predictions.bias"] = torch.zeros(211)
+    save_file(state, str(st))
+    assert fastenc.from_pretrained(tmp_path).config.num_hidden_layers == 2
 
 
 def test_bad_text_inputs():
