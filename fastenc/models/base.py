@@ -167,10 +167,13 @@ class TextEncoderMixin:
 
         inputs: a string, a list of strings (tokenized with the folder's tokenizer.json), a list of token-id
         lists, or an int tensor (batch, seq) with an optional attention_mask.
-        pooling: 'mean' | 'cls' (default: the folder's sentence-transformers setting, else 'mean');
+        pooling: 'mean' | 'cls' (default: the folder's sentence-transformers setting, else the architecture's
+        `pooling`, 'mean' for the text encoders);
         normalize: L2-normalize (default: True if the folder lists a Normalize module).
         """
-        pooling = pooling or self.encode_defaults.get("pooling", "mean")
+        if pooling is None:  # the folder's sentence-transformers setting, else the architecture's default
+            from fastenc.models.architecture import of_model
+            pooling = self.encode_defaults.get("pooling") or of_model(self).pooling
         if pooling not in ("mean", "cls"):
             raise ValueError(f"encode: pooling must be 'mean' or 'cls', got {pooling!r}")
         normalize = self.encode_defaults.get("normalize", False) if normalize is None else bool(normalize)
