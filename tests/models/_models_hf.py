@@ -67,6 +67,6 @@ DEIT_CLASSES = {"base": "DeiTModel", "image_classification": "DeiTForImageClassi
 
 def deit(task="base", hidden=64, heads=4, layers=2, image=32, patch=8, seed=0, **kw):
     cfg = transformers.DeiTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                  intermediate_size=2 * hidden, image_size=image, patch_size=patch, num_labels=4,
-                                  attn_implementation="eager", **kw)
+                                  intermediate_size=2 * hidden, image_size=image, patch_size=patch,
+                                  attn_implementation="eager", **{"num_labels": 4, **kw})
     return _init(getattr(transformers, DEIT_CLASSES[task])(cfg), seed)
