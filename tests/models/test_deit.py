@@ -252,3 +252,27 @@ def test_wrong_position_table_names_the_tensor(tmp_path):
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing weights: \['embeddings\.distillation_token'\]"):
         fastenc.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_peft_adapter_on_the_distilled_head(tmp_path, merge):
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(_hf.deit("image_classification_with_teacher", **SMALL, seed=21),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                     modules_to_save=["cls_classifier", "distillation_classifier"]))
+    g = torch.Generator().manual_seed(22)
+    with torch.no_grad():  # non-zero adapters and changed head copies, so each one shows in the output
+        for name, p in peft.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peft.save_pretrained(tmp_path)
+    fe = fastenc.from_hf(_hf.deit("image_classification_with_teacher", **SMALL, seed=21))
+    x = _images(seed=23)
+    with torch.no_grad():
+        plain = fe.hf_forward(x)["logits"]
+        fe.load_lora(tmp_path, merge=merge)
+        ref, out = peft(x), fe.hf_forward(x)
+    assert float((out["logits"] - plain).abs().max()) > 1e-3
+    for k in FIELDS["image_classification_with_teacher"]:
+        _close(out[k], getattr(ref, k))
