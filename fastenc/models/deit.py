@@ -62,7 +62,7 @@ class DeiTModel(vit.ViTModel):
 
     def __init__(self, config: DeiTConfig):
         super().__init__(config)
-        self.embeddings = DeiTEmbeddings(config)
+        self.embeddings = DeiTEmbeddings(self.config)  # (the config a head may have adjusted)
 
 
 class DeiTForImageClassification(DeiTModel, vit.ViTForImageClassification):
