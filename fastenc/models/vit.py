@@ -89,7 +89,7 @@ class ViTModel(LoraMixin, SaveMixin, nn.Module):
 
     def _encode(self, pixel_values):
         pixel_values = self._check(pixel_values)
-        b, s = pixel_values.shape[0], self.config.num_patches + 1
+        b, s = pixel_values.shape[0], self.embeddings.position.shape[1]  # patches + the prepended tokens
         batch = PackedBatch(None, b, s, pixel_values.device)
         h = self.embeddings(pixel_values)
         p = self.config.hidden_dropout_prob if self.training else 0.0

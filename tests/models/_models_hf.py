@@ -59,3 +59,14 @@ def text_batch(lengths, seq=None, vocab=211, seed=0):
     ids = ids * mask  # pad id 0 at padded positions
     types = torch.randint(0, 2, (len(lengths), seq), generator=g) * mask
     return ids, mask, types
+
+
+DEIT_CLASSES = {"base": "DeiTModel", "image_classification": "DeiTForImageClassification",
+                "image_classification_with_teacher": "DeiTForImageClassificationWithTeacher"}
+
+
+def deit(task="base", hidden=64, heads=4, layers=2, image=32, patch=8, seed=0, **kw):
+    cfg = transformers.DeiTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                  intermediate_size=2 * hidden, image_size=image, patch_size=patch,
+                                  attn_implementation="eager", **{"num_labels": 4, **kw})
+    return _init(getattr(transformers, DEIT_CLASSES[task])(cfg), seed)
