@@ -14,7 +14,7 @@ def _pick(cls, d: Mapping[str, Any], **override) -> dict:
 
 
 def _num_labels(d: Mapping[str, Any]) -> int:
-    if d.get("id2label"):
+    if d.get("id2label") is not None:  # ({} is num_labels=0, as transformers writes it)
         return len(d["id2label"])
     return int(d.get("num_labels", 2))
 

@@ -262,3 +262,20 @@ def test_sharded_checkpoint_and_path_traversal(tmp_path):
         idx.write_text(json.dumps({"weight_map": {k: (bad if "2-of" in f else f) for k, f in wmap.items()}}))
         with pytest.raises(ValueError, match=rf"names the shard '{bad}', which is not a file inside the model folder"):
             fastenc.from_pretrained(folder)
+
+
+def test_zero_labels_checkpoint():
+    # transformers writes num_labels=0 as id2label={} (no num_labels key): an identity head, no classifier tensors
+    hf = _hf.vit("image_classification", layers=1, image=32, patch=8)
+    cfg = hf.config
+    cfg.num_labels = 0
+    hf = _hf._init(type(hf)(cfg), 0)
+    assert cfg.to_dict()["id2label"] == {}
+    fe = fastenc.from_hf(hf)
+    assert fe.config.num_labels == 0
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = hf(x).logits
+    with torch.no_grad():
+        out = fe(x)
+    assert out.shape == ref.shape and float((out - ref).abs().max()) <= 1e-4
