@@ -38,6 +38,7 @@ _MODULES = (
     "bert",
     "modernbert",
     "vit",
+    "distilbert",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
