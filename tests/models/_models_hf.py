@@ -66,7 +66,7 @@ def text_batch(lengths, seq=None, vocab=211, seed=0):
 
 def distilbert(task="base", hidden=64, heads=4, layers=2, seed=0, **kw):
     kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
-    cfg = transformers.DistilBertConfig(vocab_size=211, dim=hidden, n_layers=layers, n_heads=heads,
+    cfg = transformers.DistilBertConfig(vocab_size=kw.pop("vocab_size", 211), dim=hidden, n_layers=layers, n_heads=heads,
                                         hidden_dim=2 * hidden + 8, max_position_embeddings=160,
                                         attn_implementation="eager", **kw)
     return _init(getattr(transformers, DISTILBERT_CLASSES[task])(cfg), seed)
