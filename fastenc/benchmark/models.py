@@ -66,6 +66,11 @@ def _vit():
     return ViTModel(ViTConfig(), add_pooling_layer=False)
 
 
+def _distilbert():
+    from transformers import DistilBertConfig, DistilBertModel
+    return DistilBertModel(DistilBertConfig())
+
+
 def _minilm():
     from transformers import AutoModel
     try:
@@ -79,6 +84,7 @@ MODELS = {
     "bert-base": ModelSpec("bert-base", "text", _seeded(_bert), "BertConfig() defaults, random weights"),
     "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
     "vit-b16": ModelSpec("vit-b16", "vision", _seeded(_vit), "ViTConfig() defaults (224px, patch 16), random weights"),
+    "distilbert-base": ModelSpec("distilbert-base", "text", _seeded(_distilbert), "DistilBertConfig() defaults, random weights"),
     "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
 }
 
