@@ -268,3 +268,36 @@ def test_bad_inputs_are_named():
         type(fe)(type(cfg).from_dict({**cfg.hf_config, "num_labels": 5}))
     with pytest.raises(ValueError, match="unsupported activation 'swiglu'"):
         type(cfg).from_dict({**cfg.hf_config, "activation": "swiglu"})
+
+
+def test_training_dropout_places_and_gradients(monkeypatch):
+    # dropout where transformers has it: after the embedding norm and after lin2 (none on out_lin's output),
+    # seq_classif_dropout before the classifier; recorded through an identity dropout, so the training forward
+    # must also equal transformers' eval forward
+    hf = _hf.distilbert("sequence_classification", dropout=0.1, attention_dropout=0.0, seq_classif_dropout=0.2)
+    fe = fastenc.from_hf(hf).train()
+    ids, mask, _ = _hf.text_batch(LENGTHS, seed=14)
+    labels = torch.tensor([1, 0, 3, 2])
+    seen = []
+
+    def identity(x, p=0.5, training=True, inplace=False):
+        seen.append(p)
+        return x
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", identity)
+    out = fe(ids, mask, labels=labels)
+    assert seen == [0.1] * (1 + hf.config.n_layers) + [0.2]
+    monkeypatch.undo()
+    hf.train()
+    for m in hf.modules():  # (transformers' dropouts off, so both sides compute the same function)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    ref = hf(input_ids=ids, attention_mask=mask, labels=labels)
+    _close(out.logits, ref.logits)
+    out.loss.backward()
+    ref.loss.backward()
+    sa = hf.distilbert.transformer.layer[1].attention
+    _close(fe.layers[1].attn.Wqkv.weight.grad, torch.cat([sa.q_lin.weight.grad, sa.k_lin.weight.grad,
+                                                          sa.v_lin.weight.grad]), tol=1e-5)
+    _close(fe.embeddings.position.weight.grad, hf.distilbert.embeddings.position_embeddings.weight.grad, tol=1e-5)
+    _close(fe.pre_classifier.weight.grad, hf.pre_classifier.weight.grad, tol=1e-5)
