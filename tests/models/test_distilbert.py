@@ -301,3 +301,22 @@ def test_training_dropout_places_and_gradients(monkeypatch):
                                                           sa.v_lin.weight.grad]), tol=1e-5)
     _close(fe.embeddings.position.weight.grad, hf.distilbert.embeddings.position_embeddings.weight.grad, tol=1e-5)
     _close(fe.pre_classifier.weight.grad, hf.pre_classifier.weight.grad, tol=1e-5)
+
+
+def test_lora_q_v_and_classifier_heads_load_in_peft(tmp_path):
+    # SEQ_CLS saves the heads PEFT saves: "classifier" matches pre_classifier too (PEFT's plain suffix match)
+    from peft import PeftModel
+
+    fe = fastenc.from_hf(_hf.distilbert("sequence_classification"))
+    fe.add_lora(r=4, lora_alpha=8, target_modules=["q_lin", "v_lin"])
+    g = torch.Generator().manual_seed(15)
+    with torch.no_grad():
+        trained = [(n, p) for n, p in fe.named_parameters() if p.requires_grad]
+        assert any("pre_classifier" in n for n, _ in trained) and any("lora" in n for n, _ in trained)
+        for _, p in trained:
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    fe.save_lora(tmp_path)
+    peft = PeftModel.from_pretrained(_hf.distilbert("sequence_classification"), tmp_path).eval()
+    ids, mask, _ = _hf.text_batch([9, 4, 12], seed=2)
+    with torch.no_grad():
+        _close(fe.eval()(ids, mask), peft(input_ids=ids, attention_mask=mask).logits, tol=1e-5)
