@@ -71,6 +71,11 @@ def _deit():
     return DeiTModel(DeiTConfig(), add_pooling_layer=False)
 
 
+def _distilbert():
+    from transformers import DistilBertConfig, DistilBertModel
+    return DistilBertModel(DistilBertConfig())
+
+
 def _minilm():
     from transformers import AutoModel
     try:
@@ -85,6 +90,7 @@ MODELS = {
     "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
     "vit-b16": ModelSpec("vit-b16", "vision", _seeded(_vit), "ViTConfig() defaults (224px, patch 16), random weights"),
     "deit-base": ModelSpec("deit-base", "vision", _seeded(_deit), "DeiTConfig() defaults (224px, patch 16), random weights"),
+    "distilbert-base": ModelSpec("distilbert-base", "text", _seeded(_distilbert), "DistilBertConfig() defaults, random weights"),
     "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
 }
 

@@ -39,6 +39,7 @@ _MODULES = (
     "modernbert",
     "vit",
     "deit",
+    "distilbert",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

@@ -238,7 +238,7 @@ def _refresh(self, fe, entries) -> None:
     last copy (their version counters: an optimizer step or load_state_dict bumps them)."""
     params = dict(self.named_parameters())
     seen = self.__dict__.setdefault("_fastenc_versions", {})
-    mine = dict(fe.named_parameters())
+    mine = dict(fe.named_parameters(remove_duplicate=False))  # (tied weights under each of their names)
     stale = []
     for fe_name, hs, kind in entries:
         key = tuple((params[h]._version, params[h].data_ptr()) for h in hs)

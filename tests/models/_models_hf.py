@@ -10,6 +10,9 @@ BERT_CLASSES = {"base": "BertModel", "sequence_classification": "BertForSequence
 MODERNBERT_CLASSES = {"base": "ModernBertModel", "sequence_classification": "ModernBertForSequenceClassification",
                       "token_classification": "ModernBertForTokenClassification"}
 VIT_CLASSES = {"base": "ViTModel", "image_classification": "ViTForImageClassification"}
+DISTILBERT_CLASSES = {"base": "DistilBertModel", "sequence_classification": "DistilBertForSequenceClassification",
+                      "token_classification": "DistilBertForTokenClassification",
+                      "question_answering": "DistilBertForQuestionAnswering", "masked_lm": "DistilBertForMaskedLM"}
 
 
 def _init(model, seed):
@@ -70,3 +73,9 @@ def deit(task="base", hidden=64, heads=4, layers=2, image=32, patch=8, seed=0, *
                                   intermediate_size=2 * hidden, image_size=image, patch_size=patch,
                                   attn_implementation="eager", **{"num_labels": 4, **kw})
     return _init(getattr(transformers, DEIT_CLASSES[task])(cfg), seed)
+def distilbert(task="base", hidden=64, heads=4, layers=2, seed=0, **kw):
+    kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
+    cfg = transformers.DistilBertConfig(vocab_size=kw.pop("vocab_size", 211), dim=hidden, n_layers=layers, n_heads=heads,
+                                        hidden_dim=2 * hidden + 8, max_position_embeddings=160,
+                                        attn_implementation="eager", **kw)
+    return _init(getattr(transformers, DISTILBERT_CLASSES[task])(cfg), seed)
