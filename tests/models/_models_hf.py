@@ -73,6 +73,8 @@ def deit(task="base", hidden=64, heads=4, layers=2, image=32, patch=8, seed=0, *
                                   intermediate_size=2 * hidden, image_size=image, patch_size=patch,
                                   attn_implementation="eager", **{"num_labels": 4, **kw})
     return _init(getattr(transformers, DEIT_CLASSES[task])(cfg), seed)
+
+
 def distilbert(task="base", hidden=64, heads=4, layers=2, seed=0, **kw):
     kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
     cfg = transformers.DistilBertConfig(vocab_size=kw.pop("vocab_size", 211), dim=hidden, n_layers=layers, n_heads=heads,
