@@ -3,6 +3,7 @@ without importing transformers): pick the architecture, build the config, apply 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -33,23 +34,21 @@ def _unsupported(what: str) -> ValueError:
     return ValueError(f"unsupported architecture {what!r}; supported: {', '.join(SUPPORTED)}")
 
 
-# Buffers older checkpoints saved beside the weights (transformers recomputes them): never an error.
-_BUFFERS = ("position_ids", "token_type_ids", "inv_freq")
-
-
 def _check_unexpected(arch: str, task: str, entries, hf_state: Mapping[str, torch.Tensor], prefix: str) -> None:
-    """A tensor under a part of the encoder the map covers (its embeddings, its layers) that the map does not
-    read means the config and the weights disagree (e.g. more layers than num_hidden_layers): an error naming it.
-    Other unread tensors (another head's, a pooler a head does not use, saved buffers) are ignored, as
-    transformers ignores them."""
+    """A tensor of a layer the config does not describe (the same name as a mapped tensor of another layer index,
+    e.g. a third layer when num_hidden_layers is 2) means the config and the weights disagree: an error naming it.
+    Other unread tensors (another head's, a pooler a head does not use, saved buffers, a mask token) are
+    ignored, as transformers ignores them."""
     used = {h for _, hs, _ in entries for h in hs}
-    roots = {h[len(prefix):].split(".", 1)[0] for h in used if h.startswith(prefix)}
-    extra = [k for k in hf_state if k not in used and k.startswith(prefix)
-             and k[len(prefix):].split(".", 1)[0] in roots and not k.endswith(_BUFFERS)]
+    shapes = {_LAYER.sub(".N.", h) for h in used}
+    extra = [k for k in hf_state if k not in used and k.startswith(prefix) and _LAYER.sub(".N.", k) in shapes]
     if extra:
         raise ValueError(f"{arch} ({task}): unexpected weights {extra[:8]}{' ...' if len(extra) > 8 else ''} "
-                         f"({len(extra)} in all): the checkpoint holds tensors the config does not describe "
-                         f"(check num_hidden_layers and the other sizes in config.json)")
+                         f"({len(extra)} in all): the checkpoint holds layers the config does not describe "
+                         f"(check num_hidden_layers in config.json)")
+
+
+_LAYER = re.compile(r"\.\d+\.")
 
 
 def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefix: str = "", copy: bool = True,
