@@ -38,6 +38,7 @@ _MODULES = (
     "bert",
     "modernbert",
     "vit",
+    "electra",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
