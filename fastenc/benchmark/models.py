@@ -1,5 +1,5 @@
-"""Model benchmarks: BERT-base, ModernBERT-base, ViT-B/16 (random weights at real sizes, seed 0) and MiniLM
-(real weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and
+"""Model benchmarks: BERT-base, ModernBERT-base, ViT-B/16, ELECTRA-base (random weights at real sizes, seed 0) and
+MiniLM (real weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and
 ONNX Runtime on CPU (exported from the same transformers model and checked against it before timing).
 
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
@@ -66,6 +66,12 @@ def _vit():
     return ViTModel(ViTConfig(), add_pooling_layer=False)
 
 
+def _electra():
+    from transformers import ElectraConfig, ElectraModel
+    return ElectraModel(ElectraConfig(embedding_size=768, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                      intermediate_size=3072))
+
+
 def _minilm():
     from transformers import AutoModel
     try:
@@ -80,6 +86,8 @@ MODELS = {
     "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
     "vit-b16": ModelSpec("vit-b16", "vision", _seeded(_vit), "ViTConfig() defaults (224px, patch 16), random weights"),
     "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
+    "electra-base": ModelSpec("electra-base", "text", _seeded(_electra),
+                              "electra-base-discriminator shape (embedding 768 = hidden 768), random weights"),
 }
 
 
