@@ -287,3 +287,29 @@ def test_pipelines_match_transformers(tmp_path):
             ref = _best_spans(hf, tok, questions, TEXTS)
             assert all(a for a, _, _ in ref)
             assert _best_spans(acc, tok, questions, TEXTS) == ref
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_peft_lora_adapter(tmp_path, merge):
+    # PEFT's names for ELECTRA's modules (query/value, embeddings_project) map through the weight map.
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    hf = _hf.electra("token_classification", layers=1)
+    pm = get_peft_model(copy.deepcopy(hf), LoraConfig(r=4, lora_alpha=8,
+                                                      target_modules=["query", "value", "embeddings_project"]))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    pm.eval().save_pretrained(tmp_path)
+    fe = fastenc.from_hf(hf)
+    fe.load_lora(tmp_path, merge=merge)
+    ids, mask, types = _hf.text_batch(LENGTHS, seed=13)
+    with torch.no_grad():
+        ref = pm(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        base = hf(ids, attention_mask=mask, token_type_ids=types).logits
+    assert float((ref - base)[mask.bool()].abs().max()) > 1e-3  # the adapter changes the outputs
+    _close(fe(ids, mask, types), ref, mask)
