@@ -313,3 +313,26 @@ def test_peft_lora_adapter(tmp_path, merge):
         base = hf(ids, attention_mask=mask, token_type_ids=types).logits
     assert float((ref - base)[mask.bool()].abs().max()) > 1e-3  # the adapter changes the outputs
     _close(fe(ids, mask, types), ref, mask)
+
+
+def test_accelerate_training_gradients_reach_transformers_parameters():
+    # no dropout, so both runs are deterministic: the loss and every gradient (embeddings_project's too) as
+    # transformers computes them
+    kw = dict(layers=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf, twin = _hf.electra("sequence_classification", **kw), _hf.electra("sequence_classification", **kw)
+    acc = fastenc.accelerate(twin.train())
+    hf.train()
+    ids, mask, types = _hf.text_batch(LENGTHS, seed=14)
+    labels = torch.tensor([0, 3, 1, 4])
+    ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        out, fast = _ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels))
+    assert fast and abs(float(out.loss) - float(ref.loss)) <= TOL
+    ref.loss.backward()
+    out.loss.backward()
+    mine = dict(twin.named_parameters())
+    for name, p in hf.named_parameters():
+        assert mine[name].grad is not None, name
+        _close(mine[name].grad, p.grad, tol=1e-4)
+    assert float(mine["electra.embeddings_project.weight"].grad.abs().max()) > 0
