@@ -1,6 +1,6 @@
-"""Model benchmarks: BERT-base, ModernBERT-base, ViT-B/16 (random weights at real sizes, seed 0) and MiniLM
-(real weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and
-ONNX Runtime on CPU (exported from the same transformers model and checked against it before timing).
+"""Model benchmarks: the base sizes of every architecture (MODELS below: BERT, ModernBERT, ViT-B/16, DeiT,
+DistilBERT, ELECTRA, ...; random weights at real sizes, seed 0) and MiniLM (real weights) — fastenc against
+transformers eager, transformers sdpa, torch.compile of transformers, and ONNX Runtime on CPU (exported from the same transformers model and checked against it before timing).
 
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
 [16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
@@ -76,6 +76,12 @@ def _distilbert():
     return DistilBertModel(DistilBertConfig())
 
 
+def _electra():
+    from transformers import ElectraConfig, ElectraModel
+    return ElectraModel(ElectraConfig(embedding_size=768, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                      intermediate_size=3072))
+
+
 def _minilm():
     from transformers import AutoModel
     try:
@@ -92,6 +98,8 @@ MODELS = {
     "deit-base": ModelSpec("deit-base", "vision", _seeded(_deit), "DeiTConfig() defaults (224px, patch 16), random weights"),
     "distilbert-base": ModelSpec("distilbert-base", "text", _seeded(_distilbert), "DistilBertConfig() defaults, random weights"),
     "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
+    "electra-base": ModelSpec("electra-base", "text", _seeded(_electra),
+                              "electra-base-discriminator shape (embedding 768 = hidden 768), random weights"),
 }
 
 

@@ -40,6 +40,7 @@ _MODULES = (
     "vit",
     "deit",
     "distilbert",
+    "electra",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

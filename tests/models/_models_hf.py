@@ -81,3 +81,18 @@ def distilbert(task="base", hidden=64, heads=4, layers=2, seed=0, **kw):
                                         hidden_dim=2 * hidden + 8, max_position_embeddings=160,
                                         attn_implementation="eager", **kw)
     return _init(getattr(transformers, DISTILBERT_CLASSES[task])(cfg), seed)
+
+
+ELECTRA_CLASSES = {"base": "ElectraModel", "sequence_classification": "ElectraForSequenceClassification",
+                   "token_classification": "ElectraForTokenClassification",
+                   "question_answering": "ElectraForQuestionAnswering"}
+
+
+def electra(task="base", hidden=64, heads=4, layers=2, embedding=48, seed=0, **kw):
+    # embedding_size != hidden_size: the embeddings_project layer is exercised; question answering has 2 labels.
+    kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
+    cfg = transformers.ElectraConfig(vocab_size=211, embedding_size=embedding, hidden_size=hidden,
+                                     num_hidden_layers=layers, num_attention_heads=heads,
+                                     intermediate_size=2 * hidden + 8, max_position_embeddings=160,
+                                     type_vocab_size=2, attn_implementation="eager", **kw)
+    return _init(getattr(transformers, ELECTRA_CLASSES[task])(cfg), seed)

@@ -1,0 +1,197 @@
+"""ELECTRA discriminator (Clark et al. 2020) on packed tokens: BERT's word + position + token-type embeddings and
+their LayerNorm at embedding_size, a projection to hidden_size when the two differ (embeddings_project), then
+BERT's post-LayerNorm blocks (fastenc.models.bert.BertLayer); no pooler. Heads as transformers' Electra* classes.
+
+Usage: model = ElectraModel(ElectraConfig(...)) or fastenc.from_hf(hf_electra) / fastenc.from_pretrained(folder)
+  (ElectraModel and the head classes; a saved ElectraForPreTraining or ElectraForMaskedLM loads as the encoder,
+  its discriminator / generator head dropped); model(input_ids, attention_mask=None, token_type_ids=None) ->
+  last hidden state (batch, seq, hidden), zeros at padded positions; return_packed=True -> (packed, PackedBatch).
+Heads:
+  sequence classification  ElectraClassificationHead on the first real token: out_proj(drop(gelu(dense(drop(x)))))
+                           (exact GELU whatever hidden_act is, as transformers' head) -> (batch, num_labels)
+  token classification     classifier(drop(hidden)) -> (batch, seq, num_labels), zeros at padding
+  question answering       qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq), zeros at padding
+Training and labels as BERT's heads (fastenc.models.heads). The question-answering loss reads the zero logits at
+padded positions as transformers reads its own (nonzero) logits there: with padding it differs from
+transformers' loss by that; without padding it is the same.
+Parameter names (fastenc side of `weight_map`): BERT's embeddings.* (at embedding_size), embeddings.project.*
+(<-> embeddings_project.*), layers.i.*, classifier.* (classifier.dense / classifier.out_proj for sequence
+classification), qa_outputs.*.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastenc.layers import Linear
+from fastenc.layers.mlp import activation
+from fastenc.lora import LoraMixin
+from fastenc.models import bert, heads
+from fastenc.models.architecture import Architecture
+from fastenc.models.config import _Common, _num_labels, _pick
+from fastenc.models.convert import Entry, lin
+from fastenc.models.saving import SaveMixin
+from fastenc.models.base import TextEncoderMixin
+
+
+@dataclass
+class ElectraConfig(_Common):
+    """ELECTRA: BERT's embeddings at embedding_size (projected to hidden_size), BERT's blocks, no pooler.
+    Defaults are transformers' ElectraConfig's (electra-small's encoder shape)."""
+    vocab_size: int = 30522
+    embedding_size: int = 128
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    intermediate_size: int = 1024
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    classifier_dropout: float | None = None  # None: hidden_dropout_prob
+    add_pooling_layer: bool = False  # (BERT's field, read by the shared code: ELECTRA has no pooler)
+    model_type: str = "electra"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], **override) -> "ElectraConfig":
+        pet = d.get("position_embedding_type", "absolute")
+        if pet not in (None, "absolute"):
+            raise ValueError(f"ElectraConfig: position_embedding_type must be 'absolute', got {pet!r}")
+        if d.get("is_decoder") or d.get("add_cross_attention"):
+            raise ValueError("ElectraConfig: decoder ELECTRA (is_decoder / add_cross_attention) is not supported")
+        cfg = cls(**_pick(cls, d, num_labels=_num_labels(d), **override))
+        cfg._check()
+        if not isinstance(cfg.embedding_size, int) or cfg.embedding_size < 1:
+            raise ValueError(f"ElectraConfig: embedding_size must be a positive int, got {cfg.embedding_size!r}")
+        cfg.hf_config = dict(d)
+        return cfg
+
+
+class ElectraEmbeddings(bert.BertEmbeddings):
+    """BERT's embeddings at embedding_size, then `project` (embedding_size -> hidden_size) when the sizes differ
+    (None otherwise). forward(ids, positions, types): packed (tokens,) -> (tokens, hidden)."""
+
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__(dataclasses.replace(cfg, hidden_size=cfg.embedding_size))
+        e, h = cfg.embedding_size, cfg.hidden_size
+        self.project = Linear(e, h) if e != h else None
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+        x = super().forward(ids, positions, types)
+        return x if self.project is None else self.project(x)
+
+
+class ElectraModel(bert.BertModel):
+    """The discriminator's encoder: BertModel's forward, _encode and _run over ElectraEmbeddings; no pooler."""
+    task = "base"
+
+    def __init__(self, config: ElectraConfig):
+        nn.Module.__init__(self)  # (BertModel's modules, with ELECTRA's embeddings and no pooler)
+        self.config = config
+        self.embeddings = ElectraEmbeddings(config)
+        self.layers = nn.ModuleList(bert.BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = None
+
+
+class ElectraClassificationHead(nn.Module):
+    """out_proj(drop(gelu(dense(drop(first))))): first (batch, hidden) -> (batch, num_labels); exact GELU as
+    transformers' head (not config.hidden_act)."""
+
+    def __init__(self, cfg: ElectraConfig):
+        super().__init__()
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.out_proj = Linear(cfg.hidden_size, cfg.num_labels)
+        self.dropout = cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        x = F.dropout(first, p, training=True) if p > 0 else first
+        x = activation("gelu", self.dense(x, with_bias=False), self.dense.output_bias())
+        return self.out_proj(F.dropout(x, p, training=True) if p > 0 else x)
+
+
+class ElectraForSequenceClassification(ElectraModel):
+    """logits = classifier(first real token): (batch, num_labels). labels= as BertForSequenceClassification."""
+    task = "sequence_classification"
+    forward = bert.BertForSequenceClassification.forward
+
+    def __init__(self, config: ElectraConfig):
+        super().__init__(config)
+        self.classifier = ElectraClassificationHead(config)
+
+    def classify(self, first: torch.Tensor) -> torch.Tensor:
+        """The classification head on first (batch, hidden), each row's first token."""
+        return self.classifier(first)
+
+
+class ElectraForTokenClassification(ElectraModel):
+    """logits = classifier(drop(hidden)): (batch, seq, num_labels), zeros at padded positions. labels= as
+    BertForTokenClassification."""
+    task = "token_classification"
+    forward = bert.BertForTokenClassification.forward
+
+    def __init__(self, config: ElectraConfig):
+        super().__init__(config)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
+
+
+class ElectraForQuestionAnswering(ElectraModel):
+    """(start_logits, end_logits) = qa_outputs(hidden) split in two: each (batch, seq), zeros at padded positions.
+    start_positions= / end_positions= int (batch,) -> transformers' QuestionAnsweringModelOutput with the loss
+    (fastenc.models.heads.qa_loss)."""
+    task = "question_answering"
+
+    def __init__(self, config: ElectraConfig):
+        if config.num_labels != 2:
+            raise ValueError(f"ElectraForQuestionAnswering: num_labels must be 2 (start and end logits), got "
+                             f"{config.num_labels}")
+        super().__init__(config)
+        self.qa_outputs = Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None):
+        given = start_positions is not None or end_positions is not None
+        if given:
+            heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
+        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        logits = batch.pad(self.qa_outputs(x))
+        start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
+        if not given:
+            return start, end
+        return heads.output(self.task, heads.qa_loss(start, end, start_positions, end_positions), (start, end))
+
+
+def weight_map(cfg: ElectraConfig, task: str, prefix: str = "") -> list[Entry]:
+    """fastenc name <-> transformers name of every ELECTRA tensor (prefix: "electra." inside the head classes):
+    BERT's embeddings and blocks, embeddings_project, and the head."""
+    m = bert.weight_map(cfg, "base", prefix)
+    if cfg.embedding_size != cfg.hidden_size:
+        m += lin("embeddings.project", f"{prefix}embeddings_project")
+    if task == "sequence_classification":
+        m += lin("classifier.dense", "classifier.dense") + lin("classifier.out_proj", "classifier.out_proj")
+    elif task == "token_classification":
+        m += lin("classifier", "classifier")
+    elif task == "question_answering":
+        m += lin("qa_outputs", "qa_outputs")
+    return m
+
+
+ARCHITECTURE = Architecture(
+    model_type="electra",
+    config=ElectraConfig,
+    heads={"base": (ElectraModel, "ElectraModel"),
+           "sequence_classification": (ElectraForSequenceClassification, "ElectraForSequenceClassification"),
+           "token_classification": (ElectraForTokenClassification, "ElectraForTokenClassification"),
+           "question_answering": (ElectraForQuestionAnswering, "ElectraForQuestionAnswering")},
+    weight_map=weight_map,
+    head_prefix="electra.",
+    encoder_of=("ElectraForPreTraining", "ElectraForMaskedLM"),
+    lora_targets=("query", "value"),
+    base_output="BaseModelOutputWithPastAndCrossAttentions",
+)
