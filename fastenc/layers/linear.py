@@ -46,6 +46,13 @@ class Linear(nn.Module):
                 return torch.mm(x, wt, out=out) if bias is None else torch.addmm(bias, x, wt, out=out)
         return F.linear(x, w, bias)
 
+    def _apply(self, fn, *args, **kwargs):
+        # .to() / .cuda() / .double() put new tensors in place of the parameters: drop the views (and the pack) of
+        # the old ones now rather than at the next inference call, so the old storage is not kept alive by them.
+        self.__dict__.pop("_view_cache", None)
+        self.__dict__.pop("_pack", None)
+        return super()._apply(fn, *args, **kwargs)
+
     def _views(self, parts: int) -> "_Views":
         """The per-part weight.T and bias views of an inference call (kept between calls, see _Views)."""
         cache = self.__dict__.get("_view_cache")

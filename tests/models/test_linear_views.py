@@ -68,6 +68,7 @@ def test_views_follow_the_parameters(bias):
         lin.load_state_dict({k: v * 0.5 for k, v in lin.state_dict().items()})
     _all_calls(lin, x)
     lin.double()
+    assert "_view_cache" not in lin.__dict__ and "_pack" not in lin.__dict__  # the old storage is let go at once
     _all_calls(lin, x.double())
 
 
