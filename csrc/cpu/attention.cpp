@@ -15,6 +15,7 @@
 #include "attention_dropout.h"
 #include "attention_simd.h"
 #include "buffer_cache.h"
+#include "parallel.h"
 
 #include <omp.h>
 
@@ -116,6 +117,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return seq_cost(a) > seq_cost(b); });
   std::vector<Item> items;
   int64_t span = 1;
+  int64_t fmas = 0;  // multiply-adds of S = Q K^T and O = P V over every item (the team threshold)
   for (int64_t b : order) {
     const int64_t start = cu[b], len = cu[b + 1] - cu[b];
     const int64_t step = len <= kWholeSeq ? std::max<int64_t>(len, 1) : bm;
@@ -124,19 +126,21 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         Item it{start, len, q0, std::min(len, q0 + step), 0, 0, h};
         key_range(it.q0, it.q1, len, wl, wr, &it.kb, &it.ke);
         span = std::max(span, it.ke - it.kb <= kWholeSeq ? it.ke - it.kb : BN);
+        fmas += 2 * (it.q1 - it.q0) * (it.ke - it.kb) * D;
         items.push_back(it);
       }
   }
   const int64_t n_items = (int64_t)items.size();
   if (n_items == 0) return;
-  const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  // Below kParallelMinAttnFmas one thread is done before a team would have started (parallel.h).
+  const int nt = !worth_parallel(fmas, kParallelMinAttnFmas) ? 1 : num_threads > 0 ? num_threads : omp_get_max_threads();
 
   Work w0{};
   const int64_t per_thread = carve_work(nullptr, D, Dp, span, &w0);
   // From the buffer cache: the same size comes back every layer. Throws std::bad_alloc before the parallel region.
   float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
 
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     Work w{};
     carve_work(mem + per_thread * omp_get_thread_num(), D, Dp, span, &w);

@@ -23,6 +23,7 @@
 #include "attention_dropout.h"
 #include "attention_simd.h"
 #include "buffer_cache.h"
+#include "parallel.h"
 
 #include <omp.h>
 
@@ -97,20 +98,24 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
   };
   std::vector<int64_t> seqs;
   int64_t max_lanes = PW;
+  int64_t fmas = 0;  // multiply-adds per head of the recomputed S and the four products (the team threshold)
   for (int64_t b = 0; b < batch; ++b)
     if (len_of(b) > 0) {
+      fmas += 5 * cost(b) * D;
       seqs.push_back(b);
       max_lanes = std::max(max_lanes, (len_of(b) + PW - 1) / PW * PW);
     }
   std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
   const int64_t n_items = (int64_t)seqs.size() * H;
   if (n_items == 0) return;
-  const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  // Below kParallelMinAttnFmas one thread is done before a team would have started (parallel.h).
+  const int nt = !worth_parallel(fmas * H, kParallelMinAttnFmas) ? 1
+                 : num_threads > 0 ? num_threads : omp_get_max_threads();
   BwdWork w0{};
   const int64_t per_thread = carve_bwd(nullptr, D, Dp, max_lanes, drop.on, &w0);
   float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
 
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt) if (nt > 1)
   {
     BwdWork w{};
     carve_bwd(mem + per_thread * omp_get_thread_num(), D, Dp, max_lanes, drop.on, &w);

@@ -22,6 +22,13 @@ constexpr int64_t kParallelMinElems = int64_t(1) << 16;
 // its row blocks are coarse: a small merge gains nothing from a second thread).
 constexpr int64_t kParallelMinFmas = int64_t(1) << 24;
 
+// Multiply-adds per call (sum over (sequence, head) of query rows x keys seen x head_dim, for S = Q K^T and again for
+// P V) below which the attention kernels (forward and backward) run serially. A batch-1 short query (12 heads x
+// 16 x 16 tokens x 64: 2^18.6) is tens of microseconds of one thread's work; 1 x 128 tokens (2^24.6) is not.
+// 2^20 is ~50-100 us on one core (the kernel runs at ~10-20 GFMA/s per thread at these sizes), the scale from
+// which the ops above also open a team.
+constexpr int64_t kParallelMinAttnFmas = int64_t(1) << 20;
+
 // Whether `work` units justify a team, against one of the thresholds above.
 inline bool worth_parallel(int64_t work, int64_t threshold) { return work >= threshold; }
 

@@ -1,4 +1,5 @@
-"""Packed vs plain CPU GEMM per shape: the measurement behind fastenc.layers.prepack.MIN_TOKENS.
+"""Packed vs plain CPU GEMM per shape: the measurement behind fastenc.layers.prepack.min_rows (MIN_TOKENS,
+MIN_TOKENS_SMALL, LARGE_WEIGHT).
 
 For each model linear shape (K in, N out) and token count M, times y = x @ W.T + b three ways, interleaved round
 by round in one process: `plain` (torch.addmm into a preallocated output, fastenc's unpacked path), `packed`
@@ -7,7 +8,7 @@ by round in one process: `plain` (torch.addmm into a preallocated output, fasten
 plain/packed (median over rounds; > 1: packing wins) with its 20-80% spread, GFLOP/s, and the max relative
 difference packed vs plain.
 
-  python -m fastenc.benchmark.gemm_pack [--out DIR] [--threads 2] [--tokens 1,16,128] [--rounds 9]
+  python -m fastenc.benchmark.gemm_pack [--out DIR] [--threads 2] [--tokens 1,16,128] [--rounds 9] [--shapes minilm,bert out]
 """
 from __future__ import annotations
 
@@ -70,13 +71,17 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--shapes", default=None, help="comma-separated substrings of shape names to keep (default: all)")
     a = p.parse_args(argv)
+    keep = [k.strip() for k in a.shapes.split(",")] if a.shapes else None
     if a.threads:
         torch.set_num_threads(a.threads)
     rows = []
     t0 = time.perf_counter()
     with torch.no_grad():  # (weights made under inference_mode would be inference tensors, never packed)
         for name, k, n in SHAPES:
+            if keep is not None and not any(k_ in name for k_ in keep):
+                continue
             for m in (int(t) for t in a.tokens.split(",")):
                 r = {"shape": name, **measure(k, n, m, a.rounds)}
                 rows.append(r)
@@ -86,7 +91,8 @@ def main(argv=None) -> int:
                       f"{r['plain-acc/packed-acc']:.2f}  rel diff {r['max_rel_diff']:.1e}", flush=True)
     if a.out:
         meta = report.metadata("cpu", torch.float32, False)
-        meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS, rounds=a.rounds,
+        meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS,
+                    min_tokens_small=prepack.MIN_TOKENS_SMALL, large_weight=prepack.LARGE_WEIGHT, rounds=a.rounds,
                     elapsed_s=time.perf_counter() - t0, load_after=_load())
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """Where a batch-1 forward's time goes: torch.profiler over a few calls, every op's self time put in one of
 GEMM (aten mm/addmm/bmm and the packed oneDNN/MKL linears), fastenc's own ops (fastenc::*, kernel plus the Python
 inside the op) and other ops (copies, views, allocation, indexing), and the rest = the profiled wall time minus all
-op time: Python between ops, dispatch, input validation. The GEMMs found (M x K x N, with their count) are then
-timed alone, plain torch.addmm and prepacked oneDNN, to give the machine's GEMM rate at exactly those shapes: the
-floor a forward made only of those GEMMs would reach.
+op time: Python between ops, dispatch, input validation; with the number of op events and of tensor allocations a
+call makes (counts: they compare host-side work across runs however loaded the machine). The GEMMs found (M x K x N,
+with their count) are then timed alone, plain torch.addmm and prepacked oneDNN, to give the machine's GEMM rate at
+exactly those shapes: the floor a forward made only of those GEMMs would reach.
 
 Used by `fastenc bench models --breakdown` (a `breakdown` section per latency workload in models.json, printed).
 """
@@ -18,6 +19,8 @@ import torch
 
 from fastenc.benchmark import timing
 
+# profiler names of the allocations (new_empty, empty_like, zeros, ... end in one of these)
+ALLOC_OPS = ("aten::empty", "aten::empty_strided")
 # profiler names of the GEMM ops (packed linears by prefix: _linear_pointwise and its .binary overload)
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 PACKED_GEMM_PREFIXES = ("mkldnn::_linear_pointwise", "mkl::_mkl_linear")
@@ -59,14 +62,19 @@ def breakdown(call: Callable[[], object], calls: int = 5) -> dict:
         wall_ms = (time.perf_counter() - t0) * 1e3 / calls
     us = Counter()
     shapes: Counter = Counter()
+    n_ops = n_alloc = 0
     for e in prof.events():
+        n_ops += 1
+        n_alloc += e.name in ALLOC_OPS
         cat = _category(e.name)
         us[cat] += e.self_cpu_time_total
         if cat == "gemm":
             mkn = _mkn(e.name, e.input_shapes)
             if mkn is not None:
                 shapes[mkn] += 1
-    out = {"profiled_wall_ms": wall_ms}
+    # op events (every aten/fastenc/oneDNN op, nested ones included) and tensor allocations per call: counts, so
+    # they compare host-side work across runs whatever the machine's load
+    out = {"profiled_wall_ms": wall_ms, "ops_per_call": n_ops / calls, "allocations_per_call": n_alloc / calls}
     for cat in ("gemm", "fastenc_ops", "other_ops"):
         out[f"{cat}_ms"] = us[cat] / 1e3 / calls
     out["rest_ms"] = wall_ms - sum(out[f"{c}_ms"] for c in ("gemm", "fastenc_ops", "other_ops"))
@@ -108,4 +116,6 @@ def format_breakdown(model: str, workload: str, provider: str, b: dict, wall_p50
     if alone != float("inf") and b["gemm_ms"]:
         rate += f", {b['gemm_gflop'] / alone * 1e3:.0f} alone (best of plain/packed: {alone:.2f} ms)"
     p50 = f"p50 {wall_p50_ms:.2f} ms, " if wall_p50_ms is not None else ""
-    return f"  {model} {workload} {provider}: {p50}profiled {w:.2f} ms = " + ", ".join(parts) + rate
+    counts = (f"; {b['ops_per_call']:.0f} ops, {b['allocations_per_call']:.0f} allocations a call"
+              if "ops_per_call" in b else "")
+    return f"  {model} {workload} {provider}: {p50}profiled {w:.2f} ms = " + ", ".join(parts) + rate + counts

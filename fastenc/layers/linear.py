@@ -13,6 +13,8 @@ stays the plain tensor that state_dict, LoRA merge and training see.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,8 +42,23 @@ class Linear(nn.Module):
                 and registry.backend_allowed("cpu") and not needs_grad(x, w, bias)):
             out = extension.buffer_empty((x.shape[0], self.out_features), x)
             if out is not None:
-                return torch.mm(x, w.t(), out=out) if bias is None else torch.addmm(bias, x, w.t(), out=out)
+                wt = self._views(1).wt[0]
+                return torch.mm(x, wt, out=out) if bias is None else torch.addmm(bias, x, wt, out=out)
         return F.linear(x, w, bias)
+
+    def _apply(self, fn, *args, **kwargs):
+        # .to() / .cuda() / .double() put new tensors in place of the parameters: drop the views (and the pack) of
+        # the old ones now rather than at the next inference call, so the old storage is not kept alive by them.
+        self.__dict__.pop("_view_cache", None)
+        self.__dict__.pop("_pack", None)
+        return super()._apply(fn, *args, **kwargs)
+
+    def _views(self, parts: int) -> "_Views":
+        """The per-part weight.T and bias views of an inference call (kept between calls, see _Views)."""
+        cache = self.__dict__.get("_view_cache")
+        if cache is None:
+            cache = self.__dict__["_view_cache"] = _Views()
+        return cache.get(self.weight, self.bias, parts)
 
     def _packed(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
         cache = self.__dict__.get("_pack")
@@ -54,22 +71,21 @@ class Linear(nn.Module):
         tensor (e.g. q, k, v of a fused QKV projection, each a GEMM of its own row block of the weight, so no
         block is left interleaved per token). CPU; x: (tokens, in). An inference form (the planes may come from the
         buffer cache): the caller takes it only when autograd does not record the call."""
-        w, b = self.weight, self.bias
-        n = self.out_features // parts
-        t = x.shape[0]
+        w = self.weight
+        views = self._views(parts)
         if prepack.use_packed(x, w):
-            return tuple(prepack.linear(x, pw, None if b is None else b[i * n:(i + 1) * n])
-                         for i, pw in enumerate(self._packed(w, parts)))
-        out = extension.buffer_empty((parts, t, n), x) if registry.backend_allowed("cpu") else None
+            return tuple(prepack.linear(x, pw, bi) for pw, bi in zip(self._packed(w, parts), views.b))
+        shape = (parts, x.shape[0], self.out_features // parts)
+        out = extension.buffer_empty(shape, x) if registry.backend_allowed("cpu") else None
         if out is None:
-            out = x.new_empty(parts, t, n)
-        wv = w.view(parts, n, -1)
-        for i in range(parts):
-            if b is None:
-                torch.mm(x, wv[i].t(), out=out[i])
+            out = x.new_empty(shape)
+        outs = out.unbind(0)
+        for o, wt, bi in zip(outs, views.wt, views.b):
+            if bi is None:
+                torch.mm(x, wt, out=o)
             else:
-                torch.addmm(b[i * n:(i + 1) * n], x, wv[i].t(), out=out[i])
-        return out.unbind(0)
+                torch.addmm(bi, x, wt, out=o)
+        return outs
 
     def output_bias(self) -> torch.Tensor | None:
         """The bias forward() adds (a caller that runs forward(x, with_bias=False) fuses this one elsewhere)."""
@@ -80,8 +96,43 @@ class Linear(nn.Module):
         own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features).
         (Always the plain GEMM: with beta = 1 it beats the packed one, which cannot accumulate in place.)"""
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
-            return out.addmm_(x, self.weight.t())
+            wt = self.weight.t() if torch.is_grad_enabled() else self._views(1).wt[0]
+            return out.addmm_(x, wt)
         return out.add_(F.linear(x, self.weight))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _Views:
+    """weight.T cut into `parts` column blocks ((in, out/parts) views) and the matching bias slices (None without a
+    bias), made once instead of at every inference call (a view costs a dispatcher round trip; a layer makes several
+    per call). Only for calls autograd does not record: views made with grad off carry no grad history. Rebuilt when
+    the weight or bias is another tensor or its storage moved (a replaced parameter, `.data =`, `.to()`, a dtype
+    change); an in-place write (LoRA merge, load_state_dict, an optimizer step) shows through the views. The cached
+    views keep the storage they view alive, so an equal data pointer is the same storage. Not copied by deepcopy or
+    pickle (a copy starts empty)."""
+
+    __slots__ = ("refs", "key", "wt", "b")
+
+    def __init__(self):
+        self.refs, self.key, self.wt, self.b = (None, None), None, (), ()
+
+    def get(self, w: torch.Tensor, b: torch.Tensor | None, parts: int) -> "_Views":
+        key = (parts, w.data_ptr(), None if b is None else b.data_ptr())
+        rw, rb = self.refs
+        if (key != self.key or rw is None or rw() is not w or (b is None) != (rb is None)
+                or (b is not None and rb() is not b)):
+            n = w.shape[0] // parts
+            with torch.no_grad():
+                self.wt = tuple(p.t() for p in w.view(parts, n, w.shape[1]).unbind(0))
+                self.b = (None,) * parts if b is None else tuple(b.view(parts, n).unbind(0))
+            self.refs = (weakref.ref(w), None if b is None else weakref.ref(b))
+            self.key = key
+        return self
+
+    def __deepcopy__(self, memo):
+        return _Views()
+
+    def __reduce__(self):
+        return (_Views, ())

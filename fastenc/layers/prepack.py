@@ -3,16 +3,21 @@ reordered once into oneDNN's blocked layout (torch.ops.mkldnn._reorder_linear_we
 weight freezing uses) and multiplied by torch.ops.mkldnn._linear_pointwise, so no call re-packs the weight panels
 the way an unpacked sgemm does on every call.
 
-When the packed path runs (`use_packed`): CPU, fp32 activations and weight, x 2-D, at least MIN_TOKENS rows,
-a weight of at least MIN_WEIGHT elements (in x out), grad disabled (torch.no_grad / inference_mode; the weight may
-require grad: nothing is recorded), not under torch.compile tracing, weight not an inference tensor (its in-place
-writes would go unseen), FASTENC_PREPACK not "0", and the registry admitting the cpu backend (not under use_backend("reference")). Everything else, training included,
-takes the plain torch GEMM, and so does the residual form out += x @ W.T (Linear.accumulate_: addmm_ with
-beta = 1 measured faster than oneDNN's sum post-op into a new tensor). The thresholds come from
-`python -m fastenc.benchmark.gemm_pack` (bench/results/latency/gemm_pack.json, plain vs packed interleaved per
-shape): at 1 row the packed call loses several-fold (oneDNN's fixed cost per call), around 8-32 rows the two are
-close, from 128 rows on packing wins at every BERT-base and MiniLM shape (most at 128-512 rows, a few per cent
-at 2048); a small weight (a test model's 64 x 64) gains nothing to repay the per-call cost.
+When the packed path runs (`use_packed`): CPU, fp32 activations and weight, x 2-D, a weight of at least MIN_WEIGHT
+elements (in x out), at least `min_rows(w)` rows of x (MIN_TOKENS for a weight of LARGE_WEIGHT elements or more,
+MIN_TOKENS_SMALL below), grad disabled (torch.no_grad / inference_mode; the weight may require grad: nothing is
+recorded), not under torch.compile tracing, weight not an inference tensor (its in-place writes would go unseen),
+FASTENC_PREPACK not "0", and the registry admitting the cpu backend (not under use_backend("reference")).
+Everything else, training included, takes the plain torch GEMM, and so does the residual form out += x @ W.T
+(Linear.accumulate_: addmm_ with beta = 1 measured faster than oneDNN's sum post-op into a new tensor).
+The rule is one size compare and one row compare per call. Its numbers come from `python -m
+fastenc.benchmark.gemm_pack` (plain vs packed interleaved per shape, bench/results/latency/gemm_pack*.json) and
+from whole-model batch-1 runs: at 1 row the packed call loses several-fold (oneDNN's fixed cost per call); at 16
+rows BERT-base's large weights (QKV 2304 x 768, fc1, fc2: 1.8M-2.4M elements) gain ~2x on two threads while
+MiniLM's (384 x 384 blocks, 384 x 1536: 147k-590k) gain nothing and lose whole-model (MiniLM 1 x 16 ran 0.88x
+with packing from 16 rows); from 64-128 rows packing wins at every BERT-base and MiniLM shape (most at 128-512
+rows, a few per cent at 2048). One thread gains nothing from packing at 16-128 rows: the gain is in how oneDNN
+splits a small GEMM over threads.
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
@@ -28,8 +33,16 @@ import torch
 
 from fastenc import registry
 
-MIN_TOKENS = 16  # rows of x from which the packed GEMM is used (the measured crossover; see the module docstring)
-MIN_WEIGHT = 1 << 17  # in x out elements from which a weight is packed (MiniLM's 384 x 384 blocks: 147,456)
+MIN_TOKENS = 16  # rows of x from which a large weight's GEMM is packed (the measured crossover; module docstring)
+MIN_TOKENS_SMALL = 64  # rows from which a weight under LARGE_WEIGHT elements is packed
+LARGE_WEIGHT = 1 << 20  # in x out elements from which MIN_TOKENS applies (BERT-base's QKV, fc1, fc2: 1.8M, 2.4M)
+MIN_WEIGHT = 1 << 17  # in x out elements from which a weight is packed at all (MiniLM's 384 x 384 blocks: 147,456)
+
+
+def min_rows(w: torch.Tensor) -> int:
+    """Rows of x from which y = x @ w.T takes the packed GEMM, by the weight's size: MIN_TOKENS for a weight of at
+    least LARGE_WEIGHT elements, MIN_TOKENS_SMALL below it (no packing under MIN_WEIGHT: see `use_packed`)."""
+    return MIN_TOKENS if w.numel() >= LARGE_WEIGHT else MIN_TOKENS_SMALL
 
 
 class PackCache:
@@ -71,7 +84,7 @@ def _enabled() -> bool:
 
 def use_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether y = x @ w.T takes the packed GEMM (the rule in the module docstring). x: (rows, in); w: (out, in)."""
-    return (x.dim() == 2 and x.shape[0] >= MIN_TOKENS and w.numel() >= MIN_WEIGHT and x.dtype == torch.float32 and w.dtype == torch.float32
+    return (x.dim() == 2 and x.shape[0] >= min_rows(w) and w.numel() >= MIN_WEIGHT and x.dtype == torch.float32 and w.dtype == torch.float32
             and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
             and not w.is_inference() and not torch.compiler.is_compiling()
             and _enabled() and registry.backend_allowed("cpu"))

@@ -44,10 +44,13 @@ def test_breakdown_of_a_forward():
     assert math.isclose(b["gemm_gflop"], 2 * 20 * (8 * 64 * 64 + 4 * 64 * 136) / 1e9)
     parts = sum(b[k] for k in ("gemm_ms", "fastenc_ops_ms", "other_ops_ms", "rest_ms"))
     assert math.isclose(parts, b["profiled_wall_ms"]) and b["gemm_ms"] > 0 and b["fastenc_ops_ms"] > 0
+    assert b["ops_per_call"] == int(b["ops_per_call"]) and b["ops_per_call"] >= 12   # the same ops each call
+    allocs = b["allocations_per_call"]
+    assert allocs == int(allocs) and 0 < allocs < b["ops_per_call"]
     alone = latency.gemm_alone(b["gemm_shapes"], rounds=1)
     assert alone["gemm_alone_plain_ms"] > 0
     line = latency.format_breakdown("tiny", "latency", "fastenc", {**b, **alone}, 1.0)
-    assert "gemm" in line and "rest" in line
+    assert "gemm" in line and "rest" in line and "allocations a call" in line
 
 
 def test_latency_row_ratios():

@@ -25,7 +25,7 @@ def test_model_after_packing():
     """BERT run packed, then: state_dict plain and unchanged, deepcopy/pickle, LoRA merge and unmerge,
     load_state_dict into a packed model, all matching transformers / PEFT."""
     hf = _hf.bert("base", hidden=384, heads=6)   # 384 x 384 blocks: above prepack.MIN_WEIGHT
-    ids, mask, types = _hf.text_batch([37, 20], seed=7)
+    ids, mask, types = _hf.text_batch([37, 30], seed=7)  # 67 tokens: above prepack.MIN_TOKENS_SMALL
     fe = fastenc.from_hf(hf)
     snap = {k: v.clone() for k, v in fe.state_dict().items()}
     with torch.inference_mode():

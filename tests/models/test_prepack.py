@@ -35,8 +35,8 @@ def _ref(x, lin, bias=True):
 
 
 @needs_onednn
-@pytest.mark.parametrize("m,k,n", [(16, 160, 1002), (17, 1000, 141), (129, 384, 1152)],
-                         ids=["16x160x1002", "17x1000x141", "129x384x1152"])
+@pytest.mark.parametrize("m,k,n", [(16, 1024, 1026), (65, 1000, 141), (129, 384, 1152)],
+                         ids=["16x1024x1026", "65x1000x141", "129x384x1152"])
 def test_packed_matches_plain(m, k, n):
     lin = _linear(k, n)
     x = testing.randn(m, k)
@@ -56,7 +56,7 @@ def test_packed_matches_plain(m, k, n):
 
 def test_rule():
     lin = _linear(256, prepack.MIN_WEIGHT // 256)
-    big, small = testing.randn(prepack.MIN_TOKENS, 256), testing.randn(prepack.MIN_TOKENS - 1, 256)
+    big, small = testing.randn(prepack.MIN_TOKENS_SMALL, 256), testing.randn(prepack.MIN_TOKENS_SMALL - 1, 256)
     with torch.no_grad():
         assert prepack.use_packed(big, lin.weight) == torch.backends.mkldnn.is_available()
         assert not prepack.use_packed(small, lin.weight)                 # too few rows to repay the call
@@ -77,10 +77,28 @@ def test_rule():
         assert _packed_parts(lin) == 0
 
 
+def test_rule_rows_by_weight_size():
+    """A weight of LARGE_WEIGHT elements or more packs from MIN_TOKENS rows, a smaller one from MIN_TOKENS_SMALL:
+    each side of both row thresholds, and of the size that separates them."""
+    assert prepack.MIN_WEIGHT < prepack.LARGE_WEIGHT and prepack.MIN_TOKENS < prepack.MIN_TOKENS_SMALL
+    on = torch.backends.mkldnn.is_available()
+    large = torch.empty(prepack.LARGE_WEIGHT // 1024, 1024)
+    below = large[:-1]                                   # one row under LARGE_WEIGHT elements
+    x = {m: torch.empty(m, 1024) for m in (prepack.MIN_TOKENS - 1, prepack.MIN_TOKENS, prepack.MIN_TOKENS_SMALL - 1,
+                                            prepack.MIN_TOKENS_SMALL)}
+    assert prepack.min_rows(large) == prepack.MIN_TOKENS and prepack.min_rows(below) == prepack.MIN_TOKENS_SMALL
+    with torch.no_grad():
+        assert not prepack.use_packed(x[prepack.MIN_TOKENS - 1], large)
+        assert prepack.use_packed(x[prepack.MIN_TOKENS], large) == on
+        assert not prepack.use_packed(x[prepack.MIN_TOKENS], below)
+        assert not prepack.use_packed(x[prepack.MIN_TOKENS_SMALL - 1], below)
+        assert prepack.use_packed(x[prepack.MIN_TOKENS_SMALL], below) == on
+
+
 @needs_onednn
 def test_pack_follows_weight_changes():
     lin = _linear(400, 560)
-    x = testing.randn(33, 400)
+    x = testing.randn(prepack.MIN_TOKENS_SMALL + 1, 400)
     with torch.inference_mode():
         lin(x)
     first = lin.__dict__["_pack"].packed
@@ -106,7 +124,7 @@ def test_pack_follows_weight_changes():
 @needs_onednn
 def test_training_after_packing_sees_plain_weights():
     lin = _linear(240, 600)
-    x = testing.randn(20, 240)
+    x = testing.randn(prepack.MIN_TOKENS_SMALL, 240)
     with torch.inference_mode():
         lin(x)
     assert _packed_parts(lin) == 1

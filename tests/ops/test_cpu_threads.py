@@ -6,7 +6,8 @@ import torch
 
 import fastenc
 from fastenc import testing
-from fastenc.reference import geglu_ref, gelu_ref, layer_norm_ref, merge_lora_ref, rms_norm_ref, rope_ref
+from fastenc.reference import (attention_varlen_ref, geglu_ref, gelu_ref, layer_norm_ref, merge_lora_ref, rms_norm_ref,
+                               rope_ref)
 from fastenc.reference.rope import rope_cache
 
 # rows x hidden: 17 x 384 = 6.5k elements (serial), 129 x 1001 = 129k (a team; 2^16 is the threshold)
@@ -97,3 +98,20 @@ def test_merge_lora(size, nthreads, threads):
     rows, cols, r = {"small": (37, 100, 8), "large": (515, 1001, 40)}[size]  # 30k / 20.6M FMAs (2^24: threshold)
     w, a, b = testing.randn(rows, cols), testing.randn(r, cols), testing.randn(rows, r)
     testing.assert_close(fastenc.ops.merge_lora(w, a, b, 0.5, backend="cpu"), merge_lora_ref(w, a, b, 0.5))
+
+
+@pytest.mark.parametrize("size, nthreads", [pytest.param(s, t, id=f"{s}-{t}t") for s in ("small", "large")
+                                            for t in (1, 2)])
+@pytest.mark.parametrize("window", [None, (9, 4)], ids=["global", "window"])
+def test_attention(size, nthreads, window, threads):
+    """Varlen attention, forward and backward, serial below kParallelMinAttnFmas (2^20 multiply-adds) and a team
+    above it: small = 2 x 32 head dims over sequences of 5 and 11 (~20k); large = 4 x 64 over 100 and 77 (8M forward)."""
+    threads(nthreads)
+    lens, heads, d = {"small": ([5, 11], 2, 32), "large": ([100, 77], 4, 64)}[size]
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    t = sum(lens)
+    q, k, v, go = (testing.randn(t, heads, d) for _ in range(4))
+    _check(lambda q, k, v: fastenc.ops.attention(q, k, v, cu_seqlens=cu, max_seqlen=max(lens), window=window,
+                                                 backend="cpu"),
+           lambda q, k, v: attention_varlen_ref(q, k, v, cu, window=window or (-1, -1)), [q, k, v], [go],
+           ["out", "dq", "dk", "dv"])
