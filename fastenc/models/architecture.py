@@ -38,6 +38,8 @@ _MODULES = (
     "bert",
     "modernbert",
     "vit",
+    "roberta",
+    "xlm_roberta",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

@@ -59,3 +59,30 @@ def text_batch(lengths, seq=None, vocab=211, seed=0):
     ids = ids * mask  # pad id 0 at padded positions
     types = torch.randint(0, 2, (len(lengths), seq), generator=g) * mask
     return ids, mask, types
+
+
+ROBERTA_TASKS = {"base": "Model", "sequence_classification": "ForSequenceClassification",
+                 "token_classification": "ForTokenClassification", "question_answering": "ForQuestionAnswering",
+                 "masked_lm": "ForMaskedLM"}
+
+
+def roberta(task="base", hidden=64, heads=4, layers=2, seed=0, family="Roberta", **kw):
+    # pad_token_id 1 (positions start at 2); a 160-row position table holds 158 tokens; one token type
+    cfg = getattr(transformers, f"{family}Config")(
+        vocab_size=211, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=2 * hidden + 8, max_position_embeddings=160, type_vocab_size=1, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, num_labels=2 if task == "question_answering" else 5,
+        attn_implementation="eager", **kw)
+    return _init(getattr(transformers, family + ROBERTA_TASKS[task])(cfg), seed)
+
+
+def xlm_roberta(task="base", **kw):
+    return roberta(task, family="XLMRoberta", **kw)
+
+
+def roberta_batch(lengths, seq=None, vocab=211, seed=0):
+    """Right-padded random ids (pad id 1 at padded positions, <s> = 0 first, no pad id among real tokens)."""
+    ids, mask, _ = text_batch(lengths, seq, vocab, seed)
+    ids = torch.where(mask.bool(), ids, torch.ones_like(ids))
+    ids[:, 0] = 0
+    return ids, mask
