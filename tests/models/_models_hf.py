@@ -66,10 +66,10 @@ ROBERTA_TASKS = {"base": "Model", "sequence_classification": "ForSequenceClassif
                  "masked_lm": "ForMaskedLM"}
 
 
-def roberta(task="base", hidden=64, heads=4, layers=2, seed=0, family="Roberta", **kw):
+def roberta(task="base", hidden=64, heads=4, layers=2, seed=0, family="Roberta", vocab=211, **kw):
     # pad_token_id 1 (positions start at 2); a 160-row position table holds 158 tokens; one token type
     cfg = getattr(transformers, f"{family}Config")(
-        vocab_size=211, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         intermediate_size=2 * hidden + 8, max_position_embeddings=160, type_vocab_size=1, pad_token_id=1,
         bos_token_id=0, eos_token_id=2, num_labels=2 if task == "question_answering" else 5,
         attn_implementation="eager", **kw)
