@@ -198,7 +198,7 @@ def _split_keys(state: dict[str, torch.Tensor], saved: list[str]):
             continue
         k = re.sub(r"\.modules_to_save(\.[^.]+)?\.", ".", k)
         mod, _, leaf = k.rpartition(".")
-        if leaf in ("weight", "bias") and any(mod == s or mod.endswith("." + s) for s in saved):
+        if leaf in ("weight", "bias") and any(f".{s}." in f".{mod}." for s in saved):  # (or a Linear inside it)
             full.setdefault(mod, {})[leaf] = t
             continue
         bad.append(key)
