@@ -27,7 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch/ONNX Runtime intra-op threads (default: all cores)")
     p.add_argument("--ops", default=None, help="kernels: comma-separated ops to run (default: all)")
     p.add_argument("--shapes", default=None, help="kernels: comma-separated substrings of shape names to keep")
-    p.add_argument("--models", default=None, help="models: comma-separated of bert-base, modernbert-base, vit-b16, minilm")
+    p.add_argument("--models", default=None, help="models: comma-separated of bert-base, modernbert-base, vit-b16, minilm, roberta-base, "
+                   "xlm-roberta-base")
     p.add_argument("--same-process", action="store_true",
                    help="models: run every model in this process (default: one fresh process per model when several run)")
     p.add_argument("--providers", default=None,

@@ -75,11 +75,23 @@ def _minilm():
     return AutoModel.from_pretrained(str(pkg.get_model_path()))
 
 
+def _roberta(xlm: bool = False):
+    import transformers
+    name = "XLMRoberta" if xlm else "Roberta"
+    cfg = getattr(transformers, f"{name}Config")(vocab_size=250002 if xlm else 50265, max_position_embeddings=514,
+                                                 type_vocab_size=1, pad_token_id=1)
+    return getattr(transformers, f"{name}Model")(cfg, add_pooling_layer=False)
+
+
 MODELS = {
     "bert-base": ModelSpec("bert-base", "text", _seeded(_bert), "BertConfig() defaults, random weights"),
     "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
     "vit-b16": ModelSpec("vit-b16", "vision", _seeded(_vit), "ViTConfig() defaults (224px, patch 16), random weights"),
     "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
+    "roberta-base": ModelSpec("roberta-base", "text", _seeded(_roberta),
+                              "RobertaConfig(vocab 50265, 514 positions, 1 token type, pad 1), random weights"),
+    "xlm-roberta-base": ModelSpec("xlm-roberta-base", "text", _seeded(lambda: _roberta(xlm=True)),
+                                  "XLMRobertaConfig(vocab 250002, 514 positions, 1 token type, pad 1), random weights"),
 }
 
 
