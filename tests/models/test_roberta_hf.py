@@ -144,3 +144,22 @@ def test_sentence_transformer_on_accelerated_roberta(tmp_path, tokenizer):
         warnings.simplefilter("error", FallbackWarning)
         out, ran = _ran_fastenc(lambda: st.encode(TEXTS, convert_to_tensor=True, batch_size=4))
     assert ran and _max_err(out, ref) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+def test_accelerate_masked_lm_loss_and_tied_gradients(family):
+    # the word embedding is also the decoder: its gradient sums both uses, on transformers' own parameter (XLM-R's
+    # transformers class names the tied tensor lm_head.decoder.weight first, RoBERTa's the embedding)
+    make = getattr(_hf, family.replace("-", "_"))
+    ref_model, hf = make("masked_lm"), make("masked_lm")
+    acc = fastenc.accelerate(hf)
+    ids, mask = _hf.roberta_batch([12, 7], seed=8)
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 5], labels[0, 10] = 17, 4, 200
+    ref = ref_model(input_ids=ids, attention_mask=mask, labels=labels)
+    ref.loss.backward()
+    out = acc(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    assert abs(float(out.loss.detach()) - float(ref.loss.detach())) <= 1e-5 and out.logits.shape == (3, 211)
+    for (name, p), (_, q) in zip(ref_model.named_parameters(), hf.named_parameters()):
+        assert p.grad is not None and _max_err(q.grad, p.grad) <= 1e-5, name
