@@ -160,3 +160,39 @@ def test_low_precision(dtype):
     assert out.dtype == dtype
     m = mask.bool()
     testing.assert_close(out[m].float(), ref32[m], ref_lowp[m].float(), dtype=dtype)
+
+
+@pytest.mark.parametrize("task", ["sequence_classification", "token_classification", "question_answering",
+                                  "masked_lm"])
+def test_first_step_gradients(task):
+    # train mode, dropout off: the heads' losses and every parameter's gradient as transformers' (through the
+    # inverse map; the masked-LM word embedding collects its decoder gradient too). Question answering unpadded
+    # (transformers' padded logits would enter its softmax).
+    from fastenc.models import architecture, convert
+
+    hf = _hf.roberta(task, hidden=48, heads=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
+    fe = fastenc.from_hf(hf).train()
+    lengths = [21, 21, 21] if task == "question_answering" else [21, 6, 1]
+    ids, mask = _hf.roberta_batch(lengths, seed=12)
+    g = torch.Generator().manual_seed(12)
+    if task == "sequence_classification":
+        labels = {"labels": torch.randint(0, 5, (3,), generator=g)}
+    elif task == "question_answering":
+        labels = {"start_positions": torch.tensor([2, 9, 0]), "end_positions": torch.tensor([4, 9, 20])}
+    else:
+        n = 5 if task == "token_classification" else 211
+        lab = torch.randint(0, n, ids.shape, generator=g).masked_fill(mask == 0, -100)
+        labels = {"labels": lab.masked_fill(torch.rand(ids.shape, generator=g) < 0.5, -100)}
+    ref = hf(input_ids=ids, attention_mask=mask, **labels).loss
+    out = fe(ids, mask, **labels).loss
+    ref.backward()
+    out.backward()
+    assert abs(float(out.detach()) - float(ref.detach())) <= 1e-5
+    entries = architecture.of_model(fe).entries(fe.config, fe.task)
+    grads = convert.fastenc_to_hf(entries, {n: p.grad for n, p in fe.named_parameters()}, fe.config)
+    want = {n: p.grad for n, p in hf.named_parameters(remove_duplicate=False)}
+    assert all(p.grad is not None for p in fe.parameters())
+    assert set(grads) == set(want) - set(getattr(hf, "_tied_weights_keys", None) or {})
+    scale = max(float(t.abs().max()) for t in want.values() if t is not None)
+    for name, got in grads.items():
+        assert _err(got, want[name]) <= 1e-4 * max(float(want[name].abs().max()), 1e-3 * scale), name
