@@ -198,7 +198,7 @@ def _split_keys(state: dict[str, torch.Tensor], saved: list[str]):
             continue
         k = re.sub(r"\.modules_to_save(\.[^.]+)?\.", ".", k)
         mod, _, leaf = k.rpartition(".")
-        if leaf in ("weight", "bias") and any(mod.endswith(s) for s in saved):  # (PEFT's plain suffix match)
+        if leaf in ("weight", "bias") and any(mod.endswith(s) or f".{s}." in f".{mod}." for s in saved):
             full.setdefault(mod, {})[leaf] = t
             continue
         bad.append(key)

@@ -221,8 +221,9 @@ def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=("query",
     saves = list(modules_to_save) if modules_to_save is not None else []
     if task_type is not None:  # PEFT's SEQ_CLS / TOKEN_CLS add the head to modules_to_save
         saves += [h for h in HEAD_MODULES if h not in saves]
-    # (PEFT matches modules_to_save by plain suffix: "classifier" also takes DistilBERT's pre_classifier)
-    save_hits = [n for n in linears if any(n.endswith(t) for t in saves)]
+    # (PEFT matches modules_to_save by plain suffix: "classifier" also takes DistilBERT's pre_classifier; and it
+    # saves a whole module: the Linears inside RoBERTa's / ELECTRA's two-layer classifier)
+    save_hits = [n for n in linears if any(n.endswith(t) or f".{t}." in f".{n}." for t in saves)]
     targets = [n for n in linears if _matches(n, target_modules) and n not in save_hits]
     unknown = ([] if isinstance(target_modules, str) else
                [t for t in target_modules if not any(_matches(n, [t]) for n in linears)])

@@ -91,6 +91,14 @@ def _minilm():
     return AutoModel.from_pretrained(str(pkg.get_model_path()))
 
 
+def _roberta(xlm: bool = False):
+    import transformers
+    name = "XLMRoberta" if xlm else "Roberta"
+    cfg = getattr(transformers, f"{name}Config")(vocab_size=250002 if xlm else 50265, max_position_embeddings=514,
+                                                 type_vocab_size=1, pad_token_id=1)
+    return getattr(transformers, f"{name}Model")(cfg, add_pooling_layer=False)
+
+
 MODELS = {
     "bert-base": ModelSpec("bert-base", "text", _seeded(_bert), "BertConfig() defaults, random weights"),
     "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
@@ -100,6 +108,10 @@ MODELS = {
     "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
     "electra-base": ModelSpec("electra-base", "text", _seeded(_electra),
                               "electra-base-discriminator shape (embedding 768 = hidden 768), random weights"),
+    "roberta-base": ModelSpec("roberta-base", "text", _seeded(_roberta),
+                              "RobertaConfig(vocab 50265, 514 positions, 1 token type, pad 1), random weights"),
+    "xlm-roberta-base": ModelSpec("xlm-roberta-base", "text", _seeded(lambda: _roberta(xlm=True)),
+                                  "XLMRobertaConfig(vocab 250002, 514 positions, 1 token type, pad 1), random weights"),
 }
 
 

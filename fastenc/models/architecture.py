@@ -41,6 +41,8 @@ _MODULES = (
     "deit",
     "distilbert",
     "electra",
+    "roberta",
+    "xlm_roberta",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

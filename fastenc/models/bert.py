@@ -118,11 +118,14 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         batch, ids, pos = pack_text(input_ids, mask)
         if types is not None:
             types = types.to(input_ids.device)
-        x = self.embeddings(ids, pos, None if types is None else batch.gather(types))
+        x = self.embeddings(ids, self._positions(input_ids, batch, pos),
+                            None if types is None else batch.gather(types))
         rows = padded_first_rows(mask) if column0 else None
         if rows is not None:  # the padded column-0 queries, run beside the packed tokens
             zero = torch.zeros_like(rows)
-            xg = self.embeddings(input_ids[rows, 0], zero, None if types is None else types[rows, 0])
+            col0 = input_ids[rows, :1]
+            xg = self.embeddings(col0[:, 0], self._positions(col0, *pack_text(col0, None)[::2]),
+                                 None if types is None else types[rows, 0])
         for layer in self.layers:
             if rows is not None:  # (before `layer` overwrites x)
                 o = column_attention(layer.attn, xg, rows, zero, x, batch.cu_seqlens, pos)
@@ -135,6 +138,11 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             if rows is not None:
                 first = first.index_copy(0, rows, xg.to(first.dtype))
         return x, batch, first
+
+    def _positions(self, input_ids: torch.Tensor, batch, columns: torch.Tensor) -> torch.Tensor:
+        """Position ids of the packed tokens (total,) for the position embedding. BERT: each token's column in
+        the padded (batch, seq) grid (`columns`); an architecture with other positions overrides this."""
+        return columns
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """tanh(dense(first token)): hidden (batch, seq, hidden) -> (batch, hidden). The first token is each

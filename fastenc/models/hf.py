@@ -197,7 +197,7 @@ def _wrap(out_cls, task: str, logits):
 
 def _live(self, entries) -> dict:
     """fastenc parameter name -> its value computed from transformers' parameters (differentiable)."""
-    params = dict(self.named_parameters())
+    params = dict(self.named_parameters(remove_duplicate=False))  # (tied weights under each of their names)
     out = {}
     for fe_name, hs, kind in entries:
         ts = [params[h] for h in hs]
@@ -236,7 +236,7 @@ def _weights(self, fe):
 def _refresh(self, fe, entries) -> None:
     """Copy transformers' parameters into fe's tensors that are not the same memory, when they changed since the
     last copy (their version counters: an optimizer step or load_state_dict bumps them)."""
-    params = dict(self.named_parameters())
+    params = dict(self.named_parameters(remove_duplicate=False))  # (tied weights under each of their names)
     seen = self.__dict__.setdefault("_fastenc_versions", {})
     mine = dict(fe.named_parameters(remove_duplicate=False))  # (tied weights under each of their names)
     stale = []

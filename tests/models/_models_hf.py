@@ -7,9 +7,15 @@ transformers = __import__("transformers")
 
 BERT_CLASSES = {"base": "BertModel", "sequence_classification": "BertForSequenceClassification",
                 "token_classification": "BertForTokenClassification"}
+
+
 MODERNBERT_CLASSES = {"base": "ModernBertModel", "sequence_classification": "ModernBertForSequenceClassification",
                       "token_classification": "ModernBertForTokenClassification"}
+
+
 VIT_CLASSES = {"base": "ViTModel", "image_classification": "ViTForImageClassification"}
+
+
 DISTILBERT_CLASSES = {"base": "DistilBertModel", "sequence_classification": "DistilBertForSequenceClassification",
                       "token_classification": "DistilBertForTokenClassification",
                       "question_answering": "DistilBertForQuestionAnswering", "masked_lm": "DistilBertForMaskedLM"}
@@ -96,3 +102,30 @@ def electra(task="base", hidden=64, heads=4, layers=2, embedding=48, seed=0, **k
                                      intermediate_size=2 * hidden + 8, max_position_embeddings=160,
                                      type_vocab_size=2, attn_implementation="eager", **kw)
     return _init(getattr(transformers, ELECTRA_CLASSES[task])(cfg), seed)
+
+
+ROBERTA_TASKS = {"base": "Model", "sequence_classification": "ForSequenceClassification",
+                 "token_classification": "ForTokenClassification", "question_answering": "ForQuestionAnswering",
+                 "masked_lm": "ForMaskedLM"}
+
+
+def roberta(task="base", hidden=64, heads=4, layers=2, seed=0, family="Roberta", vocab=211, **kw):
+    # pad_token_id 1 (positions start at 2); a 160-row position table holds 158 tokens; one token type
+    cfg = getattr(transformers, f"{family}Config")(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=2 * hidden + 8, max_position_embeddings=160, type_vocab_size=1, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, num_labels=2 if task == "question_answering" else 5,
+        attn_implementation="eager", **kw)
+    return _init(getattr(transformers, family + ROBERTA_TASKS[task])(cfg), seed)
+
+
+def xlm_roberta(task="base", **kw):
+    return roberta(task, family="XLMRoberta", **kw)
+
+
+def roberta_batch(lengths, seq=None, vocab=211, seed=0):
+    """Right-padded random ids (pad id 1 at padded positions, <s> = 0 first, no pad id among real tokens)."""
+    ids, mask, _ = text_batch(lengths, seq, vocab, seed)
+    ids = torch.where(mask.bool(), ids, torch.ones_like(ids))
+    ids[:, 0] = 0
+    return ids, mask
