@@ -43,10 +43,12 @@ class BertEmbeddings(nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.dropout = cfg.hidden_dropout_prob
+        pad = cfg.pad_token_id
+        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
-        x = F.embedding(ids, self.word.weight)
+        x = F.embedding(ids, self.word.weight, padding_idx=self.pad)
         if types is None:
             x = x + self.token_type.weight[0]
         else:

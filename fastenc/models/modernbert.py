@@ -37,9 +37,11 @@ class ModernBertEmbeddings(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
         self.dropout = cfg.embedding_dropout
+        pad = cfg.pad_token_id
+        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.norm(F.embedding(ids, self.tok.weight))
+        x = self.norm(F.embedding(ids, self.tok.weight, padding_idx=self.pad))
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
 
