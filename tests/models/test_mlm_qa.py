@@ -10,6 +10,8 @@ import fastenc
 import _models_hf as _hf
 from fastenc import testing
 
+# every accelerate() call here must run the fastenc path (a fallback to transformers fails the test)
+pytestmark = pytest.mark.filterwarnings("error::fastenc.models.hf.FallbackWarning")
 TOL = 1e-4
 CASES = [("bert", "masked_lm"), ("bert", "question_answering"), ("modernbert", "masked_lm"),
          ("modernbert", "question_answering")]
@@ -206,3 +208,110 @@ def test_training_loss_and_gradients(arch, task):
         g, r = fp[f].grad, hp[h].grad
         assert g is not None and float(r.abs().max()) > 0, f
         _close(g, r, tol=1e-4 * max(1.0, float(r.abs().max())))
+
+
+# ---- accelerate() and transformers' pipelines --------------------------------------------------------------------
+
+_CORPUS = ["the cat sat on the mat", "a dog ran in the park", "paris is the capital of france",
+           "who wrote the book about the sea", "the river flows to the sea", "she read a book in the garden",
+           "berlin is a city in germany", "the quick brown fox jumps over the lazy dog"]
+
+
+def _tokenizer(vocab: int, arch: str):
+    """A WordPiece tokenizer trained on a few strings ([PAD] [UNK] [CLS] [SEP] [MASK] = ids 0-4), padded with
+    filler tokens to exactly `vocab` entries, as transformers' fast tokenizer."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(_CORPUS, trainers.WordPieceTrainer(vocab_size=vocab, special_tokens=special))
+    tok.add_tokens([f"filler{i}" for i in range(vocab - tok.get_vocab_size())])
+    assert tok.get_vocab_size() == vocab
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if arch == "bert" else [])
+    return _hf.transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_input_names=names)
+
+
+@pytest.mark.parametrize("arch,task", CASES, ids=IDS)
+def test_accelerate_shapes_and_loss(arch, task):
+    """transformers' output fields and shapes, labels included (BERT's dense masked-LM logits; ModernBERT's
+    sparse_prediction)."""
+    extra = {"sparse_prediction": True} if (arch, task) == ("modernbert", "masked_lm") else {}
+    hf = _make(arch, task, **extra)
+    acc = fastenc.accelerate(hf)
+    ids, mask, types = _batch(arch, seed=3)
+    m = mask.bool()
+    kw = _hf_kw(arch, ids, mask, types)
+    lab = ({"labels": _mlm_labels(ids, mask, seed=4)} if task == "masked_lm" else
+           {"start_positions": torch.tensor([1, 0, 9, 500]), "end_positions": torch.tensor([4, 0, 9, 2])})
+    n = torch.tensor(5) if arch == "modernbert" else None  # (ModernBERT's loss divides by it; BERT's ignores it)
+    with torch.no_grad():
+        ref = type(hf).__mro__[0].forward(hf, **kw, **lab, num_items_in_batch=n)
+        out = acc(**kw, **lab, num_items_in_batch=n)
+    assert type(out) is type(ref)
+    _close(out.loss, ref.loss)
+    if task == "masked_lm":
+        assert out.logits.shape == ref.logits.shape
+        _close(out.logits if extra else out.logits[m], ref.logits if extra else ref.logits[m])
+    else:
+        _close(out.start_logits[m], ref.start_logits[m])
+        _close(out.end_logits[m], ref.end_logits[m])
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_pipeline_fill_mask(arch):
+    pipeline = _hf.transformers.pipeline
+    tok = _tokenizer(211, arch)
+    hf = _make(arch, "masked_lm")
+    texts = ["the cat sat on the [MASK]", "paris is the [MASK] of france"]
+    plain = pipeline("fill-mask", model=hf, tokenizer=tok, top_k=5)(texts)
+    fast = pipeline("fill-mask", model=fastenc.accelerate(hf), tokenizer=tok, top_k=5)(texts)
+    for p, f in zip(plain, fast):
+        assert [c["token"] for c in f] == [c["token"] for c in p]
+        assert max(abs(c["score"] - d["score"]) for c, d in zip(f, p)) < 1e-5
+
+
+def _answer(model, tok, question: str, context: str) -> tuple[str, float]:
+    """Extractive answer span as the former question-answering pipeline chose it (transformers 5 has no such
+    pipeline): context tokens only, start <= end < start + 15, best start + end logit."""
+    enc = tok(question, context, return_offsets_mapping=True, return_tensors="pt")
+    offsets = enc.pop("offset_mapping")[0]
+    ctx = torch.tensor([s == 1 for s in enc.sequence_ids(0)])
+    with torch.no_grad():
+        out = model(**enc)
+    start = out.start_logits[0].masked_fill(~ctx, float("-inf"))
+    end = out.end_logits[0].masked_fill(~ctx, float("-inf"))
+    score = start[:, None] + end[None, :]
+    i = torch.arange(score.shape[0])
+    score = score.masked_fill((i[None, :] < i[:, None]) | (i[None, :] >= i[:, None] + 15), float("-inf"))
+    best = int(score.argmax())
+    a, b = divmod(best, score.shape[1])
+    return context[int(offsets[a][0]):int(offsets[b][1])], float(score.flatten()[best])
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_question_answering_spans(arch):
+    tok = _tokenizer(211, arch)
+    hf = _make(arch, "question_answering", seed=3)
+    acc = fastenc.accelerate(hf)
+    for q, c in (("who wrote the book", "she read a book in the garden by the sea"),
+                 ("what is the capital of france", "paris is the capital of france")):
+        (ref, ref_score), (got, score) = _answer(hf, tok, q, c), _answer(acc, tok, q, c)
+        assert got == ref and abs(score - ref_score) < 1e-4
+
+
+def test_pipeline_text_classification():
+    tok = _tokenizer(211, "bert")
+    hf = _make("bert", "sequence_classification")
+    texts = ["the cat sat on the mat", "berlin is a city", "a dog"]
+    pipeline = _hf.transformers.pipeline
+    plain = pipeline("text-classification", model=hf, tokenizer=tok, top_k=None)(texts)
+    fast = pipeline("text-classification", model=fastenc.accelerate(hf), tokenizer=tok, top_k=None)(texts)
+    for p, f in zip(plain, fast):
+        assert [c["label"] for c in f] == [c["label"] for c in p]
+        assert max(abs(c["score"] - d["score"]) for c, d in zip(f, p)) < 1e-5
