@@ -14,7 +14,10 @@ Training: parameters require grad; model.train() turns on transformers' dropouts
   place inside the GEMMs; otherwise every step makes new tensors.
 Parameter names (fastenc side of the weight map, `weight_map` below): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
-layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*.
+layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
+masked-LM decoder weight is embeddings.word.weight itself).
+Heads: sequence / token classification, question answering (start, end logits), masked LM (logits only where asked
+for: fastenc.models.heads.masked_lm).
 """
 from __future__ import annotations
 

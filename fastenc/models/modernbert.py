@@ -5,9 +5,10 @@ norm on layer 0, final norm. Pre-norm residual adds are fused into the following
 
 Usage: model(input_ids, attention_mask=None) -> last hidden state (batch, seq, hidden), zeros at padded positions;
 return_packed=True -> (hidden (total_tokens, hidden), PackedBatch). Heads: ModernBertForSequenceClassification
-(cls/mean pooling -> head -> classifier), ModernBertForTokenClassification. Parameter names follow Hugging Face's
-(embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
-final_norm, head.{dense,norm}, classifier).
+(cls/mean pooling -> head -> classifier), ModernBertForTokenClassification, ModernBertForQuestionAnswering,
+ModernBertForMaskedLM (decoder tied to embeddings.tok, logits only where asked for). Parameter names follow Hugging
+Face's (embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
+final_norm, head.{dense,norm}, classifier, decoder_bias).
 Training: parameters require grad; model.train() turns on transformers' dropouts (embedding_dropout after the
 embedding norm, attention_dropout on the attention probabilities and on Wo's output, mlp_dropout before the MLP's
 Wo, classifier_dropout after the head); heads take labels= and return transformers' output with the loss.
