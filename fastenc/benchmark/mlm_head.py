@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from fastenc.benchmark import report, timing
+from fastenc.benchmark.kernels import UsageError
 
 BATCH, SEQ, FRACTION = 8, 128, 0.15
 
@@ -31,7 +32,7 @@ def _models(names):
                 transformers.ModernBertConfig(attn_implementation="sdpa"))}
     bad = [n for n in names if n not in make]
     if bad:
-        raise ValueError(f"bench mlm-head: unknown model(s) {bad}; choose from {sorted(make)}")
+        raise UsageError(f"bench mlm-head: unknown model(s) {bad}; choose from {sorted(make)}")
     return {n: make[n] for n in names}
 
 
