@@ -227,7 +227,7 @@ class BertMLMHead(nn.Module):
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, vocab)."""
         y = self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
-        return F.linear(y, decoder_weight, self.bias)
+        return heads.decode(self, y, decoder_weight, self.bias)
 
 
 class BertForMaskedLM(BertModel):

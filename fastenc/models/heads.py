@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fastenc.layers import prepack
+
 IGNORE = -100
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -266,3 +268,15 @@ def masked_lm(name: str, predict, x: torch.Tensor, batch, labels=None, positions
     positions = positions.to(labels.device)
     at = labels[positions] if positions.dtype == torch.bool else labels[positions[:, 0].long(), positions[:, 1].long()]
     return output("masked_lm", cross_entropy(logits.float(), at, num_items_in_batch), logits)
+
+
+def decode(module, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The tied masked-LM decoder y @ weight.T (+ bias): y (n, hidden), weight (vocab, hidden) the word embedding.
+    In CPU inference it runs on the packed GEMM (fastenc.layers.prepack), the pack cached on `module` and rebuilt
+    when the embedding changes; otherwise the plain GEMM."""
+    if prepack.use_packed(y, weight):
+        cache = module.__dict__.get("_pack")
+        if cache is None:
+            cache = module.__dict__["_pack"] = prepack.PackCache()
+        return prepack.linear(y, cache.get(weight)[0], bias)
+    return F.linear(y, weight, bias)

@@ -273,7 +273,7 @@ class ModernBertForMaskedLM(ModernBertModel):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """(n, hidden) packed hidden states -> (n, vocab) logits."""
-        return F.linear(self.head(x), self.embeddings.tok.weight, self.decoder_bias)
+        return heads.decode(self.head, self.head(x), self.embeddings.tok.weight, self.decoder_bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None,
                 num_items_in_batch=None):

@@ -161,6 +161,33 @@ def test_tied_decoder_round_trip(tmp_path, arch):
     _close(again(*text), ref, tol=0)
 
 
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_packed_decoder_in_inference(arch):
+    """A vocabulary large enough for the packed CPU GEMM (fastenc.layers.prepack): same logits, and the pack
+    follows an in-place change of the embedding."""
+    t = _hf.transformers
+    small = dict(vocab_size=2111, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=72,
+                 attn_implementation="eager")
+    if arch == "bert":
+        hf = _hf._init(t.BertForMaskedLM(t.BertConfig(**small)), 1)
+    else:
+        hf = _hf._init(t.ModernBertForMaskedLM(t.ModernBertConfig(**small, pad_token_id=0, bos_token_id=1,
+                                                                  eos_token_id=2, cls_token_id=1, sep_token_id=2)), 1)
+    fe = fastenc.from_hf(hf, copy=False)
+    ids, mask, types = _hf.text_batch([20, 9], vocab=2111, seed=6)
+    kw = _hf_kw(arch, ids, mask, types)
+    m = mask.bool()
+    for _ in range(2):
+        with torch.inference_mode():
+            out = fe(*_text(arch, ids, mask, types))
+        with torch.no_grad():
+            ref = hf(**kw).logits
+            _close(out[m], ref[m])
+            hf.get_input_embeddings().weight.mul_(1.5)  # shared with fe: the next call must repack
+    head = fe.mlm if arch == "bert" else fe.head
+    assert head.__dict__.get("_pack") is not None  # the packed path ran
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])
 def test_low_precision_masked_lm(dtype):
     hf = _make("bert", "masked_lm")
