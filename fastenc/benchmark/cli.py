@@ -15,9 +15,10 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="kernel and model benchmarks against the baselines (JSON/CSV/PNG)")
-    p.add_argument("what", choices=["kernels", "models", "train", "embed", "report"],
+    p.add_argument("what", choices=["kernels", "models", "train", "embed", "mlm-head", "report"],
                    help="which suite to run ('embed': the corpus job vs sentence-transformers and transformers); "
                         "'train': training steps vs transformers (+ PEFT for LoRA); "
+                        "'mlm-head': the masked-LM head at 15% of tokens vs the encoder and transformers' dense head; "
                         "'report' writes RESULTS.md from the JSON files in --out")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
@@ -98,6 +99,9 @@ def _run_suite(args, suite, device, dtype, out):
         return bench_embed(out, n=args.passages, rounds=1 if args.quick else 2,
                            memory_sizes=() if args.quick else (10000, 40000), ray_actors=() if args.quick else (1, 2),
                            providers=_split(args.providers), note=args.note)
+    if args.what == "mlm-head":
+        from fastenc.benchmark.mlm_head import bench_mlm_head
+        return bench_mlm_head(out, quick=args.quick, models=_split(args.models), repeats=args.repeats, note=args.note)
     if args.what == "kernels" and args.backward:
         from fastenc.benchmark.backward import bench_backward
         return bench_backward(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),

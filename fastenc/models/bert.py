@@ -14,7 +14,10 @@ Training: parameters require grad; model.train() turns on transformers' dropouts
   place inside the GEMMs; otherwise every step makes new tensors.
 Parameter names (fastenc side of the weight map, `weight_map` below): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
-layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*.
+layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
+masked-LM decoder weight is embeddings.word.weight itself).
+Heads: sequence / token classification, question answering (start, end logits), masked LM (logits only where asked
+for: fastenc.models.heads.masked_lm).
 """
 from __future__ import annotations
 
@@ -24,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention
+from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
-from fastenc.models.columns import column_attention, padded_first_rows
+from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import BertConfig
 
 
@@ -43,10 +46,12 @@ class BertEmbeddings(nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.dropout = cfg.hidden_dropout_prob
+        pad = cfg.pad_token_id
+        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
-        x = F.embedding(ids, self.word.weight)
+        x = F.embedding(ids, self.word.weight, padding_idx=self.pad)
         if types is None:
             x = x + self.token_type.weight[0]
         else:
@@ -108,30 +113,34 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x, batch, _ = self._run(input_ids, attention_mask, token_type_ids)
         return x, batch
 
-    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False):
+    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False, padded: bool = False):
         """(x (total, hidden), PackedBatch, first): first (batch, hidden) is the last hidden state at column 0 of
         each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
-        padded query's as transformers computes it (it sees the row's real tokens and is no key itself)."""
+        padded query's as transformers computes it (it sees the row's real tokens and is no key itself).
+        padded=True: first is instead (rows, cols, states (n, hidden)) of every padded position, computed the same
+        way (None without padding)."""
         cfg = self.config
         input_ids, mask, types = check_text_inputs(type(self).__name__, input_ids, attention_mask, token_type_ids,
                                                    cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size)
         batch, ids, pos = pack_text(input_ids, mask)
         if types is not None:
             types = types.to(input_ids.device)
-        x = self.embeddings(ids, self._positions(input_ids, batch, pos),
+        grid = self._position_ids(input_ids, batch)  # (None: each token's column)
+        x = self.embeddings(ids, pos if grid is None else batch.gather(grid),
                             None if types is None else batch.gather(types))
-        rows = padded_first_rows(mask) if column0 else None
-        if rows is not None:  # the padded column-0 queries, run beside the packed tokens
-            zero = torch.zeros_like(rows)
-            col0 = input_ids[rows, :1]
-            xg = self.embeddings(col0[:, 0], self._positions(col0, *pack_text(col0, None)[::2]),
-                                 None if types is None else types[rows, 0])
+        rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
+            cols = torch.zeros_like(rows) if cols is None else cols
+            xg = self.embeddings(input_ids[rows, cols], cols if grid is None else grid[rows, cols],
+                                 None if types is None else types[rows, cols])
         for layer in self.layers:
             if rows is not None:  # (before `layer` overwrites x)
-                o = column_attention(layer.attn, xg, rows, zero, x, batch.cu_seqlens, pos)
+                o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
                 xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
                 xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
             x = layer(x, batch.cu_seqlens, batch.max_seqlen)
+        if padded:
+            return x, batch, None if rows is None else (rows, cols, xg)
         first = None
         if column0:
             first = batch.first_tokens(x)
@@ -139,10 +148,11 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                 first = first.index_copy(0, rows, xg.to(first.dtype))
         return x, batch, first
 
-    def _positions(self, input_ids: torch.Tensor, batch, columns: torch.Tensor) -> torch.Tensor:
-        """Position ids of the packed tokens (total,) for the position embedding. BERT: each token's column in
-        the padded (batch, seq) grid (`columns`); an architecture with other positions overrides this."""
-        return columns
+    def _position_ids(self, input_ids: torch.Tensor, batch) -> torch.Tensor | None:
+        """Position ids on the padded (batch, seq) grid for the position embedding, or None for BERT's: each
+        token's column. An architecture with other positions (RoBERTa) overrides this; `batch` (the PackedBatch)
+        gives the real tokens for its checks."""
+        return None
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """tanh(dense(first token)): hidden (batch, seq, hidden) -> (batch, hidden). The first token is each
@@ -211,6 +221,97 @@ class BertForTokenClassification(BertModel):
         return heads.output(self.task, loss, logits)
 
 
+
+class BertMLMHead(nn.Module):
+    """transformers' cls.predictions: LayerNorm(act(dense(x))) @ decoder_weight^T + bias, the decoder weight being
+    the word embedding (passed in: tied, one Parameter)."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.act = cfg.hidden_act
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
+        """x: (n, hidden) -> (n, vocab)."""
+        y = self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
+        return heads.decode(self, y, decoder_weight, self.bias)
+
+
+class BertForMaskedLM(BertModel):
+    """Masked-LM logits = mlm(hidden) with the decoder tied to embeddings.word (fastenc.models.heads.masked_lm):
+    forward(ids, mask, types) -> (batch, seq, vocab), zeros at padding; positions= (bool (batch, seq) or int (n, 2))
+    -> (n, vocab) there only; labels= int (batch, seq), -100 ignored -> MaskedLMOutput(loss, logits (n_labelled,
+    vocab)), logits computed at the labelled tokens only. hf_forward gives transformers' shapes (accelerate)."""
+    task = "masked_lm"
+
+    def __init__(self, config: BertConfig):
+        heads.check_tied(type(self).__name__, config)
+        config = dataclasses.replace(config, add_pooling_layer=False)
+        super().__init__(config)
+        self.mlm = BertMLMHead(config)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) packed hidden states -> (n, vocab) logits."""
+        return self.mlm(x, self.embeddings.word.weight)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
+        name = type(self).__name__
+        if labels is not None:
+            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        return heads.masked_lm(name, self.predict, x, batch, labels, positions)
+
+    def hf_forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, num_items_in_batch=None):
+        """transformers' BertForMaskedLM fields: logits (batch, seq, vocab) at every real token (with labels too),
+        loss = mean cross-entropy over the labelled tokens (num_items_in_batch is not used, as there)."""
+        name = type(self).__name__
+        if labels is not None:
+            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        out = heads.masked_lm(name, self.predict, x, batch, labels, dense=True)
+        return {"logits": out} if labels is None else {"loss": out.loss, "logits": out.logits}
+
+
+class BertForQuestionAnswering(BertModel):
+    """qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq), zeros at padding.
+    start_positions= / end_positions= int (batch,) -> QuestionAnsweringModelOutput(loss, start, end): transformers'
+    loss, whose softmax runs over every column, padded ones included (their logits computed as transformers does,
+    fastenc.models.columns), positions outside [0, seq) ignored."""
+    task = "question_answering"
+
+    def __init__(self, config: BertConfig):
+        heads.check_qa_labels_count(type(self).__name__, config)
+        config = dataclasses.replace(config, add_pooling_layer=False)
+        super().__init__(config)
+        self.qa_outputs = Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None):
+        return question_answering(self, input_ids, attention_mask, token_type_ids, start_positions, end_positions)
+
+
+def question_answering(model: BertModel, input_ids, attention_mask, token_type_ids, start_positions, end_positions):
+    """The question-answering forward of a BERT-family model with a `qa_outputs` Linear(hidden, 2): (start, end)
+    logits (batch, seq), zeros at padding, or with start/end positions transformers' output with its loss, whose
+    softmax runs over the padded columns too (their logits computed as transformers does: `_run(padded=True)`)."""
+    labelled = start_positions is not None or end_positions is not None
+    if labelled:
+        heads.check_qa_positions(type(model).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
+    x, batch, extra = model._run(input_ids, attention_mask, token_type_ids, padded=labelled)
+    logits = batch.pad(model.qa_outputs(x))
+    start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
+    if not labelled:
+        return start, end
+    full = logits
+    if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
+        rows, cols, xg = extra
+        full = logits.index_put((rows, cols), model.qa_outputs(xg).to(logits.dtype))
+    loss = heads.qa_loss(full[..., 0], full[..., 1], start_positions, end_positions)
+    return heads.output(model.task, loss, (start, end))
+
+
 def weight_map(cfg: BertConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every BERT tensor (prefix: "bert." inside the head classes)."""
     p = prefix
@@ -232,6 +333,12 @@ def weight_map(cfg: BertConfig, task: str, prefix: str = "") -> list[Entry]:
         m += lin("pooler", f"{p}pooler.dense")
     if task in ("sequence_classification", "token_classification"):
         m += lin("classifier", "classifier")
+    if task == "question_answering":
+        m += lin("qa_outputs", "qa_outputs")
+    if task == "masked_lm":  # the decoder weight is embeddings.word's (tied; the checkpoint stores it once)
+        m += lin("mlm.dense", "cls.predictions.transform.dense")
+        m += lin("mlm.norm", "cls.predictions.transform.LayerNorm")
+        m.append(("mlm.bias", ("cls.predictions.bias",), "copy"))
     return m
 
 
@@ -245,10 +352,12 @@ ARCHITECTURE = Architecture(
     config=BertConfig,
     heads={"base": (BertModel, "BertModel"),
            "sequence_classification": (BertForSequenceClassification, "BertForSequenceClassification"),
-           "token_classification": (BertForTokenClassification, "BertForTokenClassification")},
+           "token_classification": (BertForTokenClassification, "BertForTokenClassification"),
+           "question_answering": (BertForQuestionAnswering, "BertForQuestionAnswering"),
+           "masked_lm": (BertForMaskedLM, "BertForMaskedLM")},
     weight_map=weight_map,
     head_prefix="bert.",
-    encoder_of=("BertForMaskedLM", "BertForPreTraining", "BertForNextSentencePrediction"),
+    encoder_of=("BertForPreTraining", "BertForNextSentencePrediction"),
     config_overrides=pooler_override,
     lora_targets=("query", "value"),
     base_output="BaseModelOutputWithPoolingAndCrossAttentions",

@@ -37,6 +37,15 @@ def padded_first_rows(mask: torch.Tensor | None) -> torch.Tensor | None:
     return rows if rows.numel() else None
 
 
+def padded_positions(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(rows, cols) int64 (n,) of every padded position of a (batch, seq) bool mask, row-major; (None, None) if
+    there is none."""
+    if mask is None:
+        return None, None
+    rows, cols = (~mask).nonzero(as_tuple=True)
+    return (rows, cols) if rows.numel() else (None, None)
+
+
 def row_tokens(cu_seqlens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Packed indices (int64) of every token of `rows`, row after row."""
     cu = cu_seqlens.tolist()

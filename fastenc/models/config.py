@@ -100,6 +100,8 @@ class ModernBertConfig(_Common):
     attention_dropout: float = 0.0
     mlp_dropout: float = 0.0
     classifier_dropout: float = 0.0
+    decoder_bias: bool = True  # the masked-LM decoder's bias
+    sparse_prediction: bool = False  # transformers' masked-LM logits only at labelled tokens when labels are given
     model_type: str = "modernbert"
 
     @classmethod

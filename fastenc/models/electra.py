@@ -145,7 +145,7 @@ class ElectraForTokenClassification(ElectraModel):
 class ElectraForQuestionAnswering(ElectraModel):
     """(start_logits, end_logits) = qa_outputs(hidden) split in two: each (batch, seq), zeros at padded positions.
     start_positions= / end_positions= int (batch,) -> transformers' QuestionAnsweringModelOutput with the loss
-    (fastenc.models.heads.qa_loss)."""
+    (fastenc.models.bert.question_answering: the loss's softmax runs over the padded columns too, as transformers')."""
     task = "question_answering"
 
     def __init__(self, config: ElectraConfig):
@@ -156,15 +156,8 @@ class ElectraForQuestionAnswering(ElectraModel):
         self.qa_outputs = Linear(config.hidden_size, 2)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None):
-        given = start_positions is not None or end_positions is not None
-        if given:
-            heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        logits = batch.pad(self.qa_outputs(x))
-        start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
-        if not given:
-            return start, end
-        return heads.output(self.task, heads.qa_loss(start, end, start_positions, end_positions), (start, end))
+        return bert.question_answering(self, input_ids, attention_mask, token_type_ids, start_positions,
+                                       end_positions)
 
 
 def weight_map(cfg: ElectraConfig, task: str, prefix: str = "") -> list[Entry]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fastenc.layers import prepack
+
 IGNORE = -100
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -183,12 +185,17 @@ def check_qa_positions(name: str, start_positions, end_positions, batch: int) ->
 
 
 def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_positions: torch.Tensor,
-            end_positions: torch.Tensor) -> torch.Tensor:
+            end_positions: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
     """(CE(start) + CE(end)) / 2 over (batch, seq) logits; positions outside [0, seq) are ignored (transformers
-    clamps them to seq and ignores seq)."""
+    clamps them to seq and ignores seq). num_items_in_batch: each CE a sum divided by it (transformers' loss
+    function)."""
     seq = start_logits.shape[1]
     s = start_positions.reshape(-1).to(start_logits.device).long().clamp(0, seq)
     e = end_positions.reshape(-1).to(end_logits.device).long().clamp(0, seq)
+    if num_items_in_batch is not None:
+        s = torch.where(s == seq, IGNORE, s)
+        e = torch.where(e == seq, IGNORE, e)
+        return (cross_entropy(start_logits, s, num_items_in_batch) + cross_entropy(end_logits, e, num_items_in_batch)) / 2
     return (F.cross_entropy(start_logits, s, ignore_index=seq) + F.cross_entropy(end_logits, e, ignore_index=seq)) / 2
 
 
@@ -207,3 +214,69 @@ def output(task: str, loss: torch.Tensor | None, logits):
            "masked_lm": mo.MaskedLMOutput,
            "image_classification": mo.ImageClassifierOutput}[task]
     return cls(loss=loss, logits=logits)
+
+
+def check_tied(name: str, config) -> None:
+    """Masked-LM heads tie the decoder weight to the word embedding, as transformers' checkpoints do."""
+    if (config.hf_config or {}).get("tie_word_embeddings", True) is False:
+        raise ValueError(f"{name}: the decoder weight must be tied to the word embedding, got a config with "
+                         f"tie_word_embeddings=False")
+
+
+def check_qa_labels_count(name: str, config) -> None:
+    """Question answering reads two logits per token (start, end)."""
+    if config.num_labels != 2:
+        raise ValueError(f"{name}: question answering needs num_labels=2 (start, end logits), got "
+                         f"{config.num_labels}")
+
+
+def _labels_on_real_tokens(name: str, batch, labels: torch.Tensor) -> None:
+    """Masked-LM labels must be IGNORE wherever attention_mask is 0 (a padded token has no prediction)."""
+    if batch.indices is None:
+        return
+    labelled = (labels.reshape(-1) != IGNORE)
+    labelled[batch.indices] = False
+    if bool(labelled.any()):
+        f = int(labelled.nonzero()[0])
+        raise ValueError(f"{name}: labels must be {IGNORE} at padded positions (attention_mask 0), got "
+                         f"{int(labels.reshape(-1)[f])} at ({f // batch.seq}, {f % batch.seq})")
+
+
+def masked_lm(name: str, predict, x: torch.Tensor, batch, labels=None, positions=None, num_items_in_batch=None,
+              dense: bool = False):
+    """The masked-LM convention on packed hidden states x (total, hidden); predict: (n, hidden) -> (n, vocab).
+
+    positions given -> logits there only (n, vocab), row-major (packed_rows); else labels given -> logits at the
+    labelled tokens only (n_labelled, vocab) (dense=True: at every real token, (batch, seq, vocab)); neither ->
+    (batch, seq, vocab), zeros at padding. With labels: MaskedLMOutput(loss, logits), the loss the mean
+    cross-entropy over the labelled tokens among those (fp32), or their sum / num_items_in_batch."""
+    if labels is not None:
+        labels = labels.to(x.device).reshape(batch.batch, batch.seq)
+        _labels_on_real_tokens(name, batch, labels)
+    if positions is None and (labels is None or dense):
+        packed = predict(x)
+        logits = batch.pad(packed)
+        if labels is None:
+            return logits
+        return output("masked_lm", cross_entropy(packed.float(), batch.gather(labels), num_items_in_batch), logits)
+    if positions is None:
+        positions = labels != IGNORE
+    rows = packed_rows(name, batch, positions)
+    logits = predict(x.index_select(0, rows))
+    if labels is None:
+        return logits
+    positions = positions.to(labels.device)
+    at = labels[positions] if positions.dtype == torch.bool else labels[positions[:, 0].long(), positions[:, 1].long()]
+    return output("masked_lm", cross_entropy(logits.float(), at, num_items_in_batch), logits)
+
+
+def decode(module, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The tied masked-LM decoder y @ weight.T (+ bias): y (n, hidden), weight (vocab, hidden) the word embedding.
+    In CPU inference it runs on the packed GEMM (fastenc.layers.prepack), the pack cached on `module` and rebuilt
+    when the embedding changes; otherwise the plain GEMM."""
+    if prepack.use_packed(y, weight):
+        cache = module.__dict__.get("_pack")
+        if cache is None:
+            cache = module.__dict__["_pack"] = prepack.PackCache()
+        return prepack.linear(y, cache.get(weight)[0], bias)
+    return F.linear(y, weight, bias)

@@ -9,7 +9,9 @@ concatenation of query, key and value, made per call, so gradients reach transfo
 without gradients runs on the fastenc model's own tensors, shared with transformers', the fused QKV weights
 refreshed whenever transformers' changed (an optimizer step, load_state_dict). model.train() turns on the
 dropouts, labels= gives the loss (fastenc.models.heads), num_items_in_batch (from Trainer) is used where
-transformers' loss uses it (ViT) and ignored where it does not (BERT, ModernBERT).
+transformers' loss uses it (ViT, ModernBERT's masked-LM and question-answering heads) and ignored where it does
+not (BERT, ModernBERT's classification heads). Masked-LM heads return transformers' logits shapes with labels too
+(their hf_forward: every token, or the labelled ones under ModernBERT's sparse_prediction).
 
 A call the fastenc path cannot serve exactly runs the original forward and says why, once per reason and
 model, with a `FallbackWarning`: inputs_embeds, output_attentions / output_hidden_states (argument or config),
@@ -167,6 +169,10 @@ def _run(self, fe, arch: str, task: str, a: dict):
     ids, mask, types = a.get("input_ids"), a.get("attention_mask"), a.get("token_type_ids")
     text = (ids, mask, types) if spec.token_types else (ids, mask)
     if not _needs_column0(arch, task, fe):
+        if labels and hasattr(fe, "hf_forward"):  # (a head whose transformers output with labels differs from fe's)
+            return _wrap(out_cls, task, fe.hf_forward(*text, **labels, num_items_in_batch=a.get("num_items_in_batch")))
+        if labels and "num_items_in_batch" in inspect.signature(fe.forward).parameters:
+            labels["num_items_in_batch"] = a.get("num_items_in_batch")
         return fe(*text, **labels) if labels else _wrap(out_cls, task, getattr(fe, "hf_forward", fe)(*text))
     # column 0 as transformers reads it, padding or not
     kind = None

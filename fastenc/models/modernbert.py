@@ -5,9 +5,10 @@ norm on layer 0, final norm. Pre-norm residual adds are fused into the following
 
 Usage: model(input_ids, attention_mask=None) -> last hidden state (batch, seq, hidden), zeros at padded positions;
 return_packed=True -> (hidden (total_tokens, hidden), PackedBatch). Heads: ModernBertForSequenceClassification
-(cls/mean pooling -> head -> classifier), ModernBertForTokenClassification. Parameter names follow Hugging Face's
-(embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
-final_norm, head.{dense,norm}, classifier).
+(cls/mean pooling -> head -> classifier), ModernBertForTokenClassification, ModernBertForQuestionAnswering,
+ModernBertForMaskedLM (decoder tied to embeddings.tok, logits only where asked for). Parameter names follow Hugging
+Face's (embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
+final_norm, head.{dense,norm}, classifier, decoder_bias).
 Training: parameters require grad; model.train() turns on transformers' dropouts (embedding_dropout after the
 embedding norm, attention_dropout on the attention probabilities and on Wo's output, mlp_dropout before the MLP's
 Wo, classifier_dropout after the head); heads take labels= and return transformers' output with the loss.
@@ -26,7 +27,8 @@ from fastenc.models.architecture import Architecture
 from fastenc.models.convert import Entry, lin
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
-from fastenc.models.columns import column_attention, padded_first_rows, row_tokens, rows_with_holes
+from fastenc.models.columns import (column_attention, padded_first_rows, padded_positions, row_tokens,
+                                    rows_with_holes)
 from fastenc.models.config import ModernBertConfig
 
 
@@ -36,9 +38,11 @@ class ModernBertEmbeddings(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
         self.dropout = cfg.embedding_dropout
+        pad = cfg.pad_token_id
+        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.norm(F.embedding(ids, self.tok.weight))
+        x = self.norm(F.embedding(ids, self.tok.weight, padding_idx=self.pad))
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
 
@@ -101,10 +105,13 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x, batch, _ = self._run(input_ids, attention_mask)
         return x, batch
 
-    def _run(self, input_ids, attention_mask=None, column0: bool = False):
+    def _run(self, input_ids, attention_mask=None, column0: bool = False, padded: bool = False):
         """(x (total, hidden), PackedBatch, first): first (batch, hidden) is the last hidden state at column 0 of
         each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
         padded query's as transformers computes it (it sees the row's real tokens and is no key itself).
+        padded=True: first is instead (rows, cols, states (n, hidden)) of every padded position, computed the same
+        way (None without padding; a padded query that sees no real token in a local window gets zeros there,
+        where transformers averages over the whole row).
 
         Sliding windows are measured in padded columns, as transformers does: rows whose mask has holes (real
         tokens not contiguous) get their local layers' attention recomputed by columns.column_attention."""
@@ -118,10 +125,10 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         holes = rows_with_holes(mask) if any(layer.attn.window is not None for layer in self.layers) else None
         hole_tok = None if holes is None else row_tokens(batch.cu_seqlens, holes)
         hole_rows = None if holes is None else torch.repeat_interleave(holes, batch.seqlens()[holes])
-        rows = padded_first_rows(mask) if column0 else None
-        if rows is not None:  # the padded column-0 queries' residual stream, run beside the packed tokens
-            zero = torch.zeros_like(rows)
-            hg = self.embeddings(input_ids[rows, 0])
+        rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        if rows is not None:  # the padded queries' residual stream (column 0 or all), run beside the packed tokens
+            cols = torch.zeros_like(rows) if cols is None else cols
+            hg = self.embeddings(input_ids[rows, cols])
         h = self.embeddings(ids)  # the residual stream
         delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
         for layer in self.layers:
@@ -146,7 +153,7 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                 a_bias = None
             if rows is not None:
                 yg = hg if layer.attn_norm is None else layer.attn_norm(hg)
-                og = column_attention(layer.attn, yg, rows, zero, y, batch.cu_seqlens, pos, window, (cos, sin))
+                og = column_attention(layer.attn, yg, rows, cols, y, batch.cu_seqlens, pos, window, (cos, sin))
                 hg = hg + layer.attn.Wo(og)
                 hg = hg + layer.mlp(layer.mlp_norm(hg))
             y, h = layer.mlp_norm(a, residual=h, input_bias=a_bias)
@@ -155,6 +162,8 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             x = self.final_norm(h)
         else:
             x = self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False)
+        if padded:
+            return x, batch, None if rows is None else (rows, cols, self.final_norm(hg))
         first = None
         if column0:
             first = batch.first_tokens(x)
@@ -219,6 +228,73 @@ class ModernBertForTokenClassification(_ModernBertWithHead):
         return heads.output(self.task, loss, logits)
 
 
+
+class ModernBertForQuestionAnswering(_ModernBertWithHead):
+    """classifier(drop(head(hidden))) -> (start_logits, end_logits), each (batch, seq), zeros at padding.
+    start_positions= / end_positions= int (batch,) -> QuestionAnsweringModelOutput(loss, start, end): transformers'
+    loss (softmax over every column, the padded ones' logits computed as transformers does; positions outside
+    [0, seq) ignored; num_items_in_batch: sums divided by it, as transformers' loss function does)."""
+    task = "question_answering"
+
+    def __init__(self, config: ModernBertConfig):
+        heads.check_qa_labels_count(type(self).__name__, config)
+        super().__init__(config)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None, num_items_in_batch=None):
+        labelled = start_positions is not None or end_positions is not None
+        if labelled:
+            heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
+        x, batch, extra = self._run(input_ids, attention_mask, padded=labelled)
+        logits = batch.pad(self.classify(x))
+        start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
+        if not labelled:
+            return start, end
+        full = logits
+        if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
+            rows, cols, xg = extra
+            full = logits.index_put((rows, cols), self.classify(xg).to(logits.dtype))
+        loss = heads.qa_loss(full[..., 0], full[..., 1], start_positions, end_positions, num_items_in_batch)
+        return heads.output(self.task, loss, (start, end))
+
+
+class ModernBertForMaskedLM(ModernBertModel):
+    """Masked-LM logits = head(hidden) @ embeddings.tok^T + decoder_bias (the decoder tied to the token embedding),
+    by the convention of fastenc.models.heads.masked_lm: (batch, seq, vocab) with zeros at padding; positions= ->
+    (n, vocab) there only; labels= -> MaskedLMOutput(loss, logits (n_labelled, vocab)) computed at the labelled
+    tokens only. hf_forward gives transformers' shapes (config.sparse_prediction) for accelerate."""
+    task = "masked_lm"
+
+    def __init__(self, config: ModernBertConfig):
+        heads.check_tied(type(self).__name__, config)
+        super().__init__(config)
+        self.head = ModernBertHead(config)
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) packed hidden states -> (n, vocab) logits."""
+        return heads.decode(self.head, self.head(x), self.embeddings.tok.weight, self.decoder_bias)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None,
+                num_items_in_batch=None):
+        name = type(self).__name__
+        if labels is not None:
+            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+        x, batch = self._encode(input_ids, attention_mask)
+        return heads.masked_lm(name, self.predict, x, batch, labels, positions, num_items_in_batch)
+
+    def hf_forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, num_items_in_batch=None):
+        """transformers' ModernBertForMaskedLM fields: with labels and config.sparse_prediction, logits at the
+        labelled tokens only (n_labelled, vocab); otherwise (batch, seq, vocab) at every real token."""
+        name = type(self).__name__
+        if labels is not None:
+            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+        x, batch = self._encode(input_ids, attention_mask)
+        out = heads.masked_lm(name, self.predict, x, batch, labels, None, num_items_in_batch,
+                              dense=not self.config.sparse_prediction)
+        return {"logits": out} if labels is None else {"loss": out.loss, "logits": out.logits}
+
+
 def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every ModernBERT tensor (prefix: "model." inside the head classes)."""
     p, nb = prefix, cfg.norm_bias
@@ -234,10 +310,13 @@ def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry
         m += lin(f"{f}.mlp.Wi", f"{h}.mlp.Wi", cfg.mlp_bias)
         m += lin(f"{f}.mlp.Wo", f"{h}.mlp.Wo", cfg.mlp_bias)
     m += lin("final_norm", f"{p}final_norm", nb)
-    if task in ("sequence_classification", "token_classification"):
+    if task != "base":
         m += lin("head.dense", "head.dense", cfg.classifier_bias)
         m += lin("head.norm", "head.norm", nb)
+    if task in ("sequence_classification", "token_classification", "question_answering"):
         m += lin("classifier", "classifier")
+    if task == "masked_lm" and cfg.decoder_bias:  # the decoder weight is embeddings.tok's (tied, stored once)
+        m.append(("decoder_bias", ("decoder.bias",), "copy"))
     return m
 
 
@@ -253,11 +332,12 @@ ARCHITECTURE = Architecture(
     config=ModernBertConfig,
     heads={"base": (ModernBertModel, "ModernBertModel"),
            "sequence_classification": (ModernBertForSequenceClassification, "ModernBertForSequenceClassification"),
-           "token_classification": (ModernBertForTokenClassification, "ModernBertForTokenClassification")},
+           "token_classification": (ModernBertForTokenClassification, "ModernBertForTokenClassification"),
+           "question_answering": (ModernBertForQuestionAnswering, "ModernBertForQuestionAnswering"),
+           "masked_lm": (ModernBertForMaskedLM, "ModernBertForMaskedLM")},
     weight_map=weight_map,
     head_prefix="model.",
     token_types=False,  # (transformers' forward takes token_type_ids and ignores them; so does accelerate)
-    encoder_of=("ModernBertForMaskedLM",),
     hf_config=hf_config,
     lora_targets=("Wqkv",),
 )

@@ -27,7 +27,7 @@ from fastenc.layers import LayerNorm, Linear
 from fastenc.layers.mlp import activation
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture
-from fastenc.models.bert import BertForTokenClassification, BertModel, _classifier_dropout
+from fastenc.models.bert import BertForTokenClassification, BertModel, _classifier_dropout, question_answering
 from fastenc.models.bert import weight_map as bert_weight_map
 from fastenc.models.config import BertConfig
 from fastenc.models.convert import Entry, lin
@@ -52,12 +52,14 @@ class RobertaConfig(BertConfig):
 class _RobertaPositions:
     """RoBERTa's position ids (mixed into each BERT model class) and its encode() length limit."""
 
-    def _positions(self, input_ids: torch.Tensor, batch, columns: torch.Tensor) -> torch.Tensor:
-        """input_ids (batch, seq) -> packed position ids (total,): cumsum(ids != pad) * (ids != pad) + pad along each
-        row (transformers' formula on the padded grid, so padded columns count as transformers counts them)."""
+    def _position_ids(self, input_ids: torch.Tensor, batch) -> torch.Tensor:
+        """input_ids (batch, seq) -> position ids (batch, seq): cumsum(ids != pad) * (ids != pad) + pad along each
+        row (transformers' formula on the padded grid, so padded columns count as transformers counts them);
+        checked against the position table at the real tokens."""
         pad = self.config.pad_token_id
         real = input_ids != pad
-        pos = batch.gather(real.cumsum(1) * real + pad)
+        grid = real.cumsum(1) * real + pad
+        pos = batch.gather(grid)
         if pos.numel():
             hi = int(pos.max())
             if hi >= self.config.max_position_embeddings:
@@ -65,7 +67,7 @@ class _RobertaPositions:
                                  f"padding (pad_token_id={pad}); position ids start at {pad + 1}, so the position "
                                  f"table (max_position_embeddings={self.config.max_position_embeddings}) holds at "
                                  f"most {self.config.max_tokens}")
-        return pos
+        return grid
 
     def load_tokenizer(self, folder) -> None:
         super().load_tokenizer(folder)
@@ -123,7 +125,8 @@ class RobertaForSequenceClassification(RobertaModel):
 class RobertaForQuestionAnswering(RobertaModel):
     """(start_logits, end_logits) = qa_outputs(hidden).unbind(-1): each (batch, seq), zeros at padded positions.
     start_positions / end_positions (batch,) -> QuestionAnsweringModelOutput with transformers' loss (positions
-    outside [0, seq) ignored); the softmax of the loss runs over the padded grid, zeros at padding."""
+    outside [0, seq) ignored); the softmax of the loss runs over the padded columns too, their logits computed as
+    transformers does (fastenc.models.bert.question_answering)."""
     task = "question_answering"
 
     def __init__(self, config: RobertaConfig):
@@ -134,14 +137,7 @@ class RobertaForQuestionAnswering(RobertaModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None):
-        if start_positions is not None or end_positions is not None:
-            heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        logits = batch.pad(self.qa_outputs(x))
-        start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
-        if start_positions is None:
-            return start, end
-        return heads.output(self.task, heads.qa_loss(start, end, start_positions, end_positions), (start, end))
+        return question_answering(self, input_ids, attention_mask, token_type_ids, start_positions, end_positions)
 
 
 class RobertaLMHead(nn.Module):

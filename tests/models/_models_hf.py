@@ -6,13 +6,11 @@ import torch
 transformers = __import__("transformers")
 
 BERT_CLASSES = {"base": "BertModel", "sequence_classification": "BertForSequenceClassification",
-                "token_classification": "BertForTokenClassification"}
-
-
+                "token_classification": "BertForTokenClassification",
+                "question_answering": "BertForQuestionAnswering", "masked_lm": "BertForMaskedLM"}
 MODERNBERT_CLASSES = {"base": "ModernBertModel", "sequence_classification": "ModernBertForSequenceClassification",
-                      "token_classification": "ModernBertForTokenClassification"}
-
-
+                      "token_classification": "ModernBertForTokenClassification",
+                      "question_answering": "ModernBertForQuestionAnswering", "masked_lm": "ModernBertForMaskedLM"}
 VIT_CLASSES = {"base": "ViTModel", "image_classification": "ViTForImageClassification"}
 
 
@@ -36,7 +34,8 @@ def _init(model, seed):
 def bert(task="base", hidden=64, heads=4, layers=2, seed=0, **kw):
     cfg = transformers.BertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
                                   num_attention_heads=heads, intermediate_size=2 * hidden + 8,
-                                  max_position_embeddings=160, type_vocab_size=2, num_labels=5,
+                                  max_position_embeddings=160, type_vocab_size=2,
+                                  num_labels=2 if task == "question_answering" else 5,
                                   attn_implementation="eager", **kw)
     return _init(getattr(transformers, BERT_CLASSES[task])(cfg), seed)
 
@@ -45,7 +44,8 @@ def modernbert(task="base", hidden=64, heads=4, layers=4, seed=0, pooling="cls",
     cfg = transformers.ModernBertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
                                         num_attention_heads=heads, intermediate_size=hidden + 24,
                                         max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
-                                        eos_token_id=2, cls_token_id=1, sep_token_id=2, num_labels=3,
+                                        eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                        num_labels=2 if task == "question_answering" else 3,
                                         classifier_pooling=pooling, attn_implementation="eager", **kw)
     return _init(getattr(transformers, MODERNBERT_CLASSES[task])(cfg), seed)
 

@@ -28,8 +28,12 @@ def test_weight_map_round_trip(arch, task):
     # every fastenc tensor is covered exactly once, and mapping back restores every HF tensor
     assert sorted(e[0] for e in entries) == sorted(fe.state_dict())
     back = convert.fastenc_to_hf(entries, fe.state_dict(), fe.config)
-    # (tied copies such as a masked-LM decoder are in transformers' state_dict but not in its checkpoints)
-    hf_state = {k: v for k, v in hf.state_dict().items() if k not in (getattr(hf, "_tied_weights_keys", None) or {})}
+    # the checkpoint's tensors: a tied alias (the masked-LM decoder weight) is the same tensor as its source,
+    # which save_pretrained stores once
+    tied = getattr(hf, "all_tied_weights_keys", None) or {}
+    hf_state = {k: v for k, v in hf.state_dict().items() if k not in tied}
+    full = hf.state_dict()
+    assert all(full[k].data_ptr() == full[src].data_ptr() for k, src in tied.items())
     assert set(back) == set(hf_state)
     for k, v in back.items():
         assert torch.equal(v, hf_state[k]), k
