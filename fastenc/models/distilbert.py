@@ -33,7 +33,7 @@ from fastenc.models import heads
 from fastenc.models.architecture import Architecture
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.bert import BertLayer, _add_norm
-from fastenc.models.columns import column_attention, padded_first_rows
+from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
@@ -144,10 +144,12 @@ class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x, batch, _ = self._run(input_ids, attention_mask, token_type_ids)
         return x, batch
 
-    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False):
+    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False, padded: bool = False):
         """(x (total, dim), PackedBatch, first): first (batch, dim) is the last hidden state at column 0 of each row
         when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a padded query's
-        as transformers computes it (it sees the row's real tokens and is no key itself)."""
+        as transformers computes it (it sees the row's real tokens and is no key itself). padded=True: first is
+        instead (rows, cols, states (n, dim)) of every padded position, computed the same way (None without
+        padding)."""
         cfg, name = self.config, type(self).__name__
         if token_type_ids is not None:
             raise ValueError(f"{name}: token_type_ids must be None (DistilBERT has no token-type embeddings), got "
@@ -156,16 +158,18 @@ class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                                                cfg.max_position_embeddings)
         batch, ids, pos = pack_text(input_ids, mask)
         x = self.embeddings(ids, pos)
-        rows = padded_first_rows(mask) if column0 else None
-        if rows is not None:  # the padded column-0 queries, run beside the packed tokens
-            zero = torch.zeros_like(rows)
-            xg = self.embeddings(input_ids[rows, 0], zero)
+        rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
+            cols = torch.zeros_like(rows) if cols is None else cols
+            xg = self.embeddings(input_ids[rows, cols], cols)
         for layer in self.layers:
             if rows is not None:  # (before `layer` overwrites x)
-                o = column_attention(layer.attn, xg, rows, zero, x, batch.cu_seqlens, pos)
+                o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
                 xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
                 xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
             x = layer(x, batch.cu_seqlens, batch.max_seqlen)
+        if padded:
+            return x, batch, None if rows is None else (rows, cols, xg)
         first = None
         if column0:
             first = batch.first_tokens(x)
@@ -228,7 +232,8 @@ class DistilBertForTokenClassification(DistilBertModel):
 class DistilBertForQuestionAnswering(DistilBertModel):
     """(start_logits, end_logits) = qa_outputs(drop(hidden)) split in two: each (batch, seq), zeros at padded
     positions. start_positions= / end_positions= int (batch,) -> QuestionAnsweringModelOutput(loss, start, end),
-    loss = (CE(start) + CE(end)) / 2 over the (batch, seq) logits (fastenc.models.heads.qa_loss)."""
+    loss = (CE(start) + CE(end)) / 2 over the (batch, seq) logits (fastenc.models.heads.qa_loss), the padded
+    columns' logits computed as transformers does (their softmax includes them)."""
     task = "question_answering"
 
     def __init__(self, config: DistilBertConfig):
@@ -243,12 +248,17 @@ class DistilBertForQuestionAnswering(DistilBertModel):
         given = start_positions is not None or end_positions is not None
         if given:
             heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
+        x, batch, extra = self._run(input_ids, attention_mask, token_type_ids, padded=given)
         logits = batch.pad(self.qa_outputs(_drop(self, x, self.config.qa_dropout)))
         start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
         if not given:
             return start, end
-        return heads.output(self.task, heads.qa_loss(start, end, start_positions, end_positions), (start, end))
+        full = logits
+        if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
+            rows, cols, xg = extra
+            full = logits.index_put((rows, cols), self.qa_outputs(_drop(self, xg, self.config.qa_dropout)).to(logits.dtype))
+        loss = heads.qa_loss(full[..., 0], full[..., 1], start_positions, end_positions)
+        return heads.output(self.task, loss, (start, end))
 
 
 class DistilBertForMaskedLM(DistilBertModel):

@@ -345,7 +345,7 @@ def test_pipeline_text_classification():
         assert max(abs(c["score"] - d["score"]) for c, d in zip(f, p)) < 1e-5
 
 
-@pytest.mark.parametrize("arch", ["roberta", "electra"])
+@pytest.mark.parametrize("arch", ["roberta", "electra", "distilbert"])
 def test_question_answering_loss_over_padded_columns(arch):
     # BERT's relatives share BERT's question-answering forward: transformers' loss on a padded batch (its softmax
     # includes the padded columns' logits, computed as transformers computes them)
@@ -354,6 +354,8 @@ def test_question_answering_loss_over_padded_columns(arch):
     lengths = [17, 1, 63, 40]
     if arch == "roberta":
         (ids, mask), types = _hf.roberta_batch(lengths, seed=3), None
+    elif arch == "distilbert":
+        (ids, mask, _), types = _hf.text_batch(lengths, seed=3), None
     else:
         ids, mask, types = _hf.text_batch(lengths, seed=3)
     sp, ep = torch.tensor([3, 0, 70, 12]), torch.tensor([5, 0, 20, 63])
