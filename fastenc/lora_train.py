@@ -290,6 +290,53 @@ def set_trainable(model, st) -> None:
                 p.requires_grad_(on)
 
 
+# ---------------------------------------------------------------- merging a trained adapter
+
+def merge_trained(model, names: list[str] | None, unload: bool, safe_merge: bool, op: str) -> list[str]:
+    """See LoraMixin.merge_lora / merge_and_unload: every merged value is computed (and, with safe_merge, checked
+    finite) before a weight is written or an adapter removed. Returns the merged adapter names."""
+    from fastenc.lora import _check_finite, _Full, _Piece, _state, merged_values, write_merged
+
+    if not isinstance(safe_merge, bool):
+        raise TypeError(f"{op}: safe_merge must be a bool, got {type(safe_merge).__name__}")
+    st = _state(model)
+    if names is None:
+        if st.default is None and (st.unmerged or not unload):
+            raise ValueError(f"{op}: no active adapter to merge (unmerged adapters: {sorted(st.unmerged)}); name one"
+                             f" or call set_adapter first")
+        names = [] if st.default is None else [st.default]
+    bad = [n for n in names if n not in st.unmerged]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"{op}: adapter(s) {bad or names} are not distinct unmerged adapters of "
+                         f"{type(model).__name__}; unmerged: {sorted(st.unmerged)}, merged: {st.merged}")
+    if unload and not names and not st.merged:
+        raise ValueError(f"{op}: {type(model).__name__} has no LoRA adapter (add_lora or load_lora first)")
+    new: dict[str, torch.Tensor] = {}
+    for name in names:
+        pieces, fulls = [], []
+        for mod_name in st.unmerged[name]:
+            ad = model.get_submodule(mod_name).lora[name]
+            if ad.kind == "full":
+                fulls.append(_Full(ad.names["full"], mod_name, ad.weight.detach(),
+                                   None if ad.bias is None else ad.bias.detach()))
+                continue
+            pieces += [_Piece(peft_name, mod_name, rows, ad.lora_A[key].detach(), ad.lora_B[key].detach(), scale)
+                       for key, rows, scale, peft_name in ad.parts]
+        merged_values(model, pieces, fulls, new)
+    if safe_merge:
+        _check_finite(", ".join(names), new, op)
+    write_merged(model, new, st, keep_originals=not unload)
+    if unload:
+        model.remove_lora()
+        st.originals.clear()
+        st.merged.clear()
+    else:
+        for name in names:
+            model.remove_lora(name)
+            st.merged.append(name)
+    return names
+
+
 # ---------------------------------------------------------------- save_lora
 
 def _jsonable(v):
