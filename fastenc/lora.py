@@ -437,7 +437,7 @@ class LoraMixin:
         for unmerge_lora). Base parameters keep their requires_grad (add_lora froze them, as PEFT does).
         Returns the model."""
         from fastenc.lora_train import merge_trained
-        if adapter_names is not None and (isinstance(adapter_names, str) or not isinstance(adapter_names, (list, tuple))):
+        if adapter_names is not None and not isinstance(adapter_names, (list, tuple)):
             raise TypeError(f"merge_and_unload: adapter_names must be None or a list of adapter names, got "
                             f"{adapter_names!r}")
         merge_trained(self, None if adapter_names is None else list(adapter_names), True, safe_merge,

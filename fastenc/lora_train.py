@@ -13,7 +13,8 @@ fused Wqkv rows. A is (r, in) Kaiming-uniform with a = sqrt(5) (nn.Linear's own 
 B is (out, r) zeros, scale = lora_alpha / r (rslora: / sqrt(r)); y = x W^T + b + scale * B A dropout(x).
 The adapted layer runs ops.lora_linear (forward and backward fused, unmerged) with the parts of a fused Wqkv
 combined into one A = [A_q; A_v] and one block-placed B (scale folded in), except while lora_dropout > 0 in train
-mode: the adapter then reads dropout(x) and the base GEMM reads x, as in PEFT (two products, no fused op).
+mode: the adapter then reads dropout(x) and the base GEMM reads x, as in PEFT (the base product, then the
+adapter's accumulated into it by addmm).
 """
 from __future__ import annotations
 
@@ -112,7 +113,11 @@ class LoraLinear(Linear):
         a, b = ad.combined(self.out_features, x.dtype)
         bias = self.bias if with_bias else None
         if self.training and ad.dropout > 0:  # PEFT: base(x) + B A dropout(x) * scale
-            return F.linear(x, self.weight, bias) + F.linear(F.linear(F.dropout(x, ad.dropout, True), a), b)
+            out = F.linear(x, self.weight, bias)
+            h = F.linear(F.dropout(x, ad.dropout, True), a)
+            if out.dim() != 2:
+                return out + F.linear(h, b)
+            return out.addmm_(h, b.t())  # accumulated into the base product: no second (tokens, out) tensor
         return ops.lora_linear(x, self.weight, bias, a, b, 1.0)
 
 
