@@ -13,8 +13,8 @@ fused Wqkv rows. A is (r, in) Kaiming-uniform with a = sqrt(5) (nn.Linear's own 
 B is (out, r) zeros, scale = lora_alpha / r (rslora: / sqrt(r)); y = x W^T + b + scale * B A dropout(x).
 The adapted layer runs ops.lora_linear (forward and backward fused, unmerged) with the parts of a fused Wqkv
 combined into one A = [A_q; A_v] and one block-placed B (scale folded in), except while lora_dropout > 0 in train
-mode: the adapter then reads dropout(x) and the base GEMM reads x, as in PEFT (the base product, then the
-adapter's accumulated into it by addmm).
+mode: each part's adapter then reads its own dropout(x) and the base GEMM reads x, as in PEFT (the base product,
+then the adapters' accumulated into it by addmm).
 """
 from __future__ import annotations
 
@@ -114,7 +114,11 @@ class LoraLinear(Linear):
         bias = self.bias if with_bias else None
         if self.training and ad.dropout > 0:  # PEFT: base(x) + B A dropout(x) * scale
             out = F.linear(x, self.weight, bias)
-            h = F.linear(F.dropout(x, ad.dropout, True), a)
+            # One dropout mask per part, in row order (PEFT's query and value adapters are separate layers with
+            # their own dropout), each part's rows of A reading its own dropped x.
+            ranks = [ad.lora_A[key].shape[0] for key, *_ in ad.parts]
+            hs = [F.linear(F.dropout(x, ad.dropout, True), aj) for aj in a.split(ranks)]
+            h = hs[0] if len(hs) == 1 else torch.cat(hs, -1)
             if out.dim() != 2:
                 return out + F.linear(h, b)
             return out.addmm_(h, b.t())  # accumulated into the base product: no second (tokens, out) tensor
