@@ -54,9 +54,15 @@ class SaveMixin:
 
     def save_pretrained(self, folder) -> Path:
         """Write config.json and model.safetensors under transformers' names into `folder` (created if needed);
-        both files are written under temporary names first and renamed when complete. Returns the folder."""
+        both files are written under temporary names first and renamed when complete. Returns the folder.
+        A model carrying unmerged LoRA adapters is refused (merge_and_unload() first)."""
         from safetensors.torch import save_file
 
+        lora = self.__dict__.get("_lora_state")
+        if lora is not None and lora.unmerged:  # its weights alone would be the model without the adapters
+            raise ValueError(f"save_pretrained: {type(self).__name__} carries unmerged LoRA adapter(s) "
+                             f"{sorted(lora.unmerged)}; call merge_and_unload() to save the adapted model, "
+                             f"save_lora(folder) to save an adapter, or remove_lora() to save the base model")
         cfg, arch, task = self.config, self.config.model_type, self.task
         entries = architecture.get(arch).entries(cfg, task)
         with torch.no_grad():

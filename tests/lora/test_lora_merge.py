@@ -153,6 +153,16 @@ def test_bad_merge_changes_nothing(case):
     assert fe.lora_adapters["merged"] == [] and fe.lora_adapters["unmerged"] == ["a"]
 
 
+def test_save_pretrained_refuses_unmerged_adapters(tmp_path):
+    fe = fastenc.from_hf(_hf.bert("sequence_classification", layers=1))
+    _trained(fe, 2, r=2, target_modules=["query"])
+    with pytest.raises(ValueError, match=r"carries unmerged LoRA adapter\(s\) \['default'\]; call merge_and_unload"):
+        fe.save_pretrained(tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    fe.merge_and_unload().save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+
+
 def test_merge_without_adapter():
     fe = fastenc.from_hf(_hf.bert("base", layers=1))
     with pytest.raises(ValueError, match="merge_and_unload: BertModel has no LoRA adapter"):
