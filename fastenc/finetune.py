@@ -1,5 +1,6 @@
 """`fastenc finetune [--lora]`: fine-tune the embedded all-MiniLM-L6-v2 as a sequence classifier on a labelled set
-made offline, evaluate it, save it, and reload it in transformers (and PEFT for --lora) with equal outputs.
+made offline, evaluate it, save it, and reload it in transformers and fastenc (and PEFT for --lora) with equal
+outputs. The saved folder holds the tokenizer too (--lora: the adapter, and the merged model in merged/).
 
 The task: which standard-library package a docstring comes from (email, asyncio, unittest, xml: four classes,
 `per_class` passages each, read with `ast` from the installed Python; nothing is downloaded), shuffled with a
@@ -129,34 +130,48 @@ def finetune(lora: bool = False, out: str | Path = "finetuned", epochs: int = 3,
         f"after {time.perf_counter() - t0:.0f} s of training")
     out = Path(out)
     diff = save_and_reload(model, lora, out, path, tok, test_x[:8], seed)
-    log(f"saved to {out}; reloaded in {'transformers + PEFT' if lora else 'transformers'}: max |logit difference| "
-        f"{diff:.2e}")
+    log(f"saved to {out}{' (adapter; merged model in ' + str(out / 'merged') + ')' if lora else ''}; reloaded in "
+        f"{'PEFT, ' if lora else ''}transformers and fastenc: max |logit difference| {diff:.2e}")
     return {"losses": losses, "accuracy": acc, "accuracy_before": before, "chance": 1 / len(PACKAGES),
             "reload_max_diff": diff, "out": out}
 
 
 def save_and_reload(model, lora: bool, out: Path, path: str, tok, texts, seed: int) -> float:
-    """Save (LoRA: model.save_lora; full: model.save_pretrained), load back in transformers (+ PEFT), return the
-    max |logit diff|."""
+    """Save and load back; returns the max |logit difference| over every reload. Full: model.save_pretrained(out)
+    (weights, config and the tokenizer's files), read by transformers' AutoTokenizer and
+    AutoModelForSequenceClassification and by fastenc.from_pretrained. LoRA: model.save_lora(out) (+ the
+    tokenizer) read by PEFT, then merge_and_unload() and the same plain checkpoint in out/merged."""
+    import transformers
+
+    import fastenc
+
     enc = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
     model.eval()
     with torch.no_grad():
         ours = model(enc["input_ids"], enc["attention_mask"])
+    diffs = []
     if lora:
         from peft import PeftModel
 
         model.save_lora(out)
         tok.save_pretrained(out)
-        hf = PeftModel.from_pretrained(_hf_classifier(path, len(PACKAGES), seed + 1), out)
-    else:
-        import transformers
+        diffs.append(_reload_diff(PeftModel.from_pretrained(_hf_classifier(path, len(PACKAGES), seed + 1), out),
+                                  enc, ours))
+        model.merge_and_unload()
+        out = out / "merged"
+    model.save_pretrained(out)  # transformers' layout through the inverse weight map, with the tokenizer's files
+    enc = transformers.AutoTokenizer.from_pretrained(out)(texts, padding=True, truncation=True, max_length=128,
+                                                         return_tensors="pt")
+    diffs.append(_reload_diff(transformers.AutoModelForSequenceClassification.from_pretrained(out), enc, ours))
+    diffs.append(_reload_diff(fastenc.from_pretrained(out), enc, ours))
+    return max(diffs)
 
-        model.save_pretrained(out)  # transformers' layout through the inverse weight map
-        tok.save_pretrained(out)
-        hf = transformers.AutoModelForSequenceClassification.from_pretrained(out)
-    hf.eval()
+
+def _reload_diff(model, enc, ours: torch.Tensor) -> float:
+    model.eval()
     with torch.no_grad():
-        theirs = hf(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+        theirs = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+    theirs = theirs if isinstance(theirs, torch.Tensor) else theirs.logits
     return float((ours - theirs).abs().max())
 
 

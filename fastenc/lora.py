@@ -11,7 +11,8 @@ PEFT module names map onto fastenc's modules through the explicit weight maps of
 query/key/value adapter lands on its third of the fused Wqkv rows. Supported: r, lora_alpha, use_rslora,
 rank_pattern/alpha_pattern, bias="none", modules_to_save Linear copies (e.g. a SEQ_CLS classifier head). Everything is validated before the model is
 touched: a bad adapter raises and leaves the model exactly as it was. The models inherit `LoraMixin`.
-Training (add_lora, save_lora, load_lora(..., merge=False, is_trainable=True)): fastenc.lora_train.
+Training (add_lora, save_lora, load_lora(..., merge=False, is_trainable=True)): fastenc.lora_train. A trained
+adapter folds into the weights with merge_lora() (undone by unmerge_lora) or merge_and_unload() (PEFT's: for good).
 """
 from __future__ import annotations
 
@@ -289,12 +290,43 @@ def plan(model, config: dict, state: dict[str, torch.Tensor]) -> tuple[list[_Pie
     return pieces, fulls
 
 
-def _check_finite(adapter: str, tensors: dict[str, torch.Tensor]) -> None:
+def _check_finite(adapter: str, tensors: dict[str, torch.Tensor], op: str = "load_lora") -> None:
     """safe_merge: every tensor the adapter would write must be finite (NaN/inf named, nothing written)."""
     bad = [k for k, t in tensors.items() if not bool(torch.isfinite(t).all())]
     if bad:
-        raise ValueError(f"load_lora: safe_merge: adapter {adapter!r} produces non-finite (NaN/inf) weights in "
+        raise ValueError(f"{op}: safe_merge: adapter {adapter!r} produces non-finite (NaN/inf) weights in "
                          f"{bad[:4]}{' ...' if len(bad) > 4 else ''}; the model is unchanged")
+
+
+def merged_values(model, pieces: list[_Piece], fulls: list[_Full],
+                  new: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """{parameter name: value after merging} without writing anything: W[rows] + scale * B @ A (ops.merge_lora,
+    fp32 accumulation, one rounding) per piece; a modules_to_save copy's weight and bias replace the layer's.
+    Starts from `new` (the values of earlier merges, updated in place) or the model's current weights."""
+    new = {} if new is None else new
+    for p in pieces:
+        pname = f"{p.module}.weight"
+        if pname not in new:
+            new[pname] = model.get_parameter(pname).detach().clone()
+        w = new[pname]
+        w[p.rows] = ops.merge_lora(w[p.rows], p.a.to(w.device), p.b.to(w.device), p.scale)
+    for f in fulls:
+        module = model.get_submodule(f.module)
+        new[f"{f.module}.weight"] = f.weight.to(device=module.weight.device, dtype=module.weight.dtype)
+        if f.bias is not None:
+            new[f"{f.module}.bias"] = f.bias.to(device=module.bias.device, dtype=module.bias.dtype)
+    return new
+
+
+def write_merged(model, new: dict[str, torch.Tensor], st: _State, keep_originals: bool) -> None:
+    """Copy merged values into the parameters (keep_originals: remember each one's value before its first merge,
+    for unmerge_lora)."""
+    with torch.no_grad():
+        for pname, value in new.items():
+            param = model.get_parameter(pname)
+            if keep_originals:
+                st.originals.setdefault(pname, param.detach().clone())
+            param.copy_(value)
 
 
 def _state(model) -> _State:
@@ -339,29 +371,11 @@ class LoraMixin:
             raise ValueError(f"load_lora: an adapter named {name!r} is already loaded "
                              f"({'merged' if name in st.merged else 'unmerged'}); pick another adapter_name")
         pieces, fulls = plan(self, config, state)
-        by_module: dict[str, list[_Piece]] = {}
-        for p in pieces:
-            by_module.setdefault(p.module, []).append(p)
         if merge:
-            new: dict[str, torch.Tensor] = {}  # parameter -> new value; all computed before anything is written
-            for mod_name, ps in by_module.items():
-                w = self.get_submodule(mod_name).weight
-                merged = w.detach().clone()
-                for p in ps:
-                    merged[p.rows] = ops.merge_lora(w[p.rows], p.a.to(w.device), p.b.to(w.device), p.scale)
-                new[f"{mod_name}.weight"] = merged
-            for f in fulls:
-                module = self.get_submodule(f.module)
-                new[f"{f.module}.weight"] = f.weight.to(device=module.weight.device, dtype=module.weight.dtype)
-                if f.bias is not None:
-                    new[f"{f.module}.bias"] = f.bias.to(device=module.bias.device, dtype=module.bias.dtype)
+            new = merged_values(self, pieces, fulls)  # all computed before anything is written
             if safe_merge:
                 _check_finite(name, new)
-            with torch.no_grad():
-                for pname, value in new.items():
-                    param = self.get_parameter(pname)
-                    st.originals.setdefault(pname, param.detach().clone())
-                    param.copy_(value)
+            write_merged(self, new, st, keep_originals=True)
             st.merged.append(name)
             return name
         ads = adapters_from_plan(self, pieces, fulls, trainable=is_trainable,
@@ -406,6 +420,29 @@ class LoraMixin:
             st.configs.pop(n, None)
             if st.default == n:
                 st.default = None
+
+    def merge_lora(self, adapter_name: str | None = None, safe_merge: bool = False) -> str:
+        """Fold an unmerged adapter (default: the active one, e.g. trained after add_lora) into the base weights
+        as load_lora(merge=True) does: W[rows] <- W[rows] + scale * B @ A (its third of a fused Wqkv), a
+        modules_to_save copy replaces its layer. The adapter is removed and counted as merged: unmerge_lora()
+        restores the weights exactly, and training is refused while it is merged. Returns its name."""
+        from fastenc.lora_train import merge_trained
+        names = None if adapter_name is None else [adapter_name]
+        return merge_trained(self, names, False, safe_merge, "merge_lora")[0]
+
+    def merge_and_unload(self, adapter_names=None, safe_merge: bool = False):
+        """PEFT's merge_and_unload: fold the active adapter (or the unmerged `adapter_names`, in order) into the
+        base weights for good and remove every adapter, leaving a plain model whose save_pretrained writes a plain
+        transformers checkpoint. Earlier merges (load_lora(merge=True), merge_lora) become permanent (nothing left
+        for unmerge_lora). Base parameters keep their requires_grad (add_lora froze them, as PEFT does).
+        Returns the model."""
+        from fastenc.lora_train import merge_trained
+        if adapter_names is not None and not isinstance(adapter_names, (list, tuple)):
+            raise TypeError(f"merge_and_unload: adapter_names must be None or a list of adapter names, got "
+                            f"{adapter_names!r}")
+        merge_trained(self, None if adapter_names is None else list(adapter_names), True, safe_merge,
+                      "merge_and_unload")
+        return self
 
     def _check_adapter(self, name) -> None:
         if name is not None and name not in _state(self).unmerged:

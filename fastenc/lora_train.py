@@ -13,7 +13,8 @@ fused Wqkv rows. A is (r, in) Kaiming-uniform with a = sqrt(5) (nn.Linear's own 
 B is (out, r) zeros, scale = lora_alpha / r (rslora: / sqrt(r)); y = x W^T + b + scale * B A dropout(x).
 The adapted layer runs ops.lora_linear (forward and backward fused, unmerged) with the parts of a fused Wqkv
 combined into one A = [A_q; A_v] and one block-placed B (scale folded in), except while lora_dropout > 0 in train
-mode: the adapter then reads dropout(x) and the base GEMM reads x, as in PEFT (two products, no fused op).
+mode: each part's adapter then reads its own dropout(x) and the base GEMM reads x, as in PEFT (the base product,
+then the adapters' accumulated into it by addmm).
 """
 from __future__ import annotations
 
@@ -112,7 +113,15 @@ class LoraLinear(Linear):
         a, b = ad.combined(self.out_features, x.dtype)
         bias = self.bias if with_bias else None
         if self.training and ad.dropout > 0:  # PEFT: base(x) + B A dropout(x) * scale
-            return F.linear(x, self.weight, bias) + F.linear(F.linear(F.dropout(x, ad.dropout, True), a), b)
+            out = F.linear(x, self.weight, bias)
+            # One dropout mask per part, in row order (PEFT's query and value adapters are separate layers with
+            # their own dropout), each part's rows of A reading its own dropped x.
+            ranks = [ad.lora_A[key].shape[0] for key, *_ in ad.parts]
+            hs = [F.linear(F.dropout(x, ad.dropout, True), aj) for aj in a.split(ranks)]
+            h = hs[0] if len(hs) == 1 else torch.cat(hs, -1)
+            if out.dim() != 2:
+                return out + F.linear(h, b)
+            return out.addmm_(h, b.t())  # accumulated into the base product: no second (tokens, out) tensor
         return ops.lora_linear(x, self.weight, bias, a, b, 1.0)
 
 
@@ -290,6 +299,53 @@ def set_trainable(model, st) -> None:
         for mod_name in modules:
             for p in model.get_submodule(mod_name).lora[name].parameters():
                 p.requires_grad_(on)
+
+
+# ---------------------------------------------------------------- merging a trained adapter
+
+def merge_trained(model, names: list[str] | None, unload: bool, safe_merge: bool, op: str) -> list[str]:
+    """See LoraMixin.merge_lora / merge_and_unload: every merged value is computed (and, with safe_merge, checked
+    finite) before a weight is written or an adapter removed. Returns the merged adapter names."""
+    from fastenc.lora import _check_finite, _Full, _Piece, _state, merged_values, write_merged
+
+    if not isinstance(safe_merge, bool):
+        raise TypeError(f"{op}: safe_merge must be a bool, got {type(safe_merge).__name__}")
+    st = _state(model)
+    if names is None:
+        if st.default is None and (st.unmerged or not unload):
+            raise ValueError(f"{op}: no active adapter to merge (unmerged adapters: {sorted(st.unmerged)}); name one"
+                             f" or call set_adapter first")
+        names = [] if st.default is None else [st.default]
+    bad = [n for n in names if n not in st.unmerged]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"{op}: adapter(s) {bad or names} are not distinct unmerged adapters of "
+                         f"{type(model).__name__}; unmerged: {sorted(st.unmerged)}, merged: {st.merged}")
+    if unload and not names and not st.merged:
+        raise ValueError(f"{op}: {type(model).__name__} has no LoRA adapter (add_lora or load_lora first)")
+    new: dict[str, torch.Tensor] = {}
+    for name in names:
+        pieces, fulls = [], []
+        for mod_name in st.unmerged[name]:
+            ad = model.get_submodule(mod_name).lora[name]
+            if ad.kind == "full":
+                fulls.append(_Full(ad.names["full"], mod_name, ad.weight.detach(),
+                                   None if ad.bias is None else ad.bias.detach()))
+                continue
+            pieces += [_Piece(peft_name, mod_name, rows, ad.lora_A[key].detach(), ad.lora_B[key].detach(), scale)
+                       for key, rows, scale, peft_name in ad.parts]
+        merged_values(model, pieces, fulls, new)
+    if safe_merge:
+        _check_finite(", ".join(names), new, op)
+    write_merged(model, new, st, keep_originals=not unload)
+    if unload:
+        model.remove_lora()
+        st.originals.clear()
+        st.merged.clear()
+    else:
+        for name in names:
+            model.remove_lora(name)
+            st.merged.append(name)
+    return names
 
 
 # ---------------------------------------------------------------- save_lora

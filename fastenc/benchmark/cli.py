@@ -45,6 +45,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
     p.add_argument("--modes", default=None, help="train: comma-separated of full, lora (default: both)")
     p.add_argument("--repeats", type=int, default=None, help="train: timed rounds per workload (default 3; quick 2)")
+    p.add_argument("--attention-dropout", default="config", help="train: 'config' (the models' own attention-"
+                   "probability dropout, BERT 0.1; default) or 'off' (0 for every provider)")
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
@@ -110,7 +112,8 @@ def _run_suite(args, suite, device, dtype, out):
         from fastenc.benchmark.train import bench_train
         return bench_train(quick=args.quick, out=out, models=_split(args.models), modes=_split(args.modes),
                            providers=_split(args.providers), compile_hf=not args.no_compile,
-                           plots=not args.no_plots, note=args.note, repeats=args.repeats)
+                           plots=not args.no_plots, note=args.note, repeats=args.repeats,
+                           attention_dropout=args.attention_dropout)
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),

@@ -7,9 +7,12 @@ configs with random weights (seed 0).
 Workloads (as `fastenc bench models`): fixed 8 x 128 tokens (ViT: 8 images) and the variable-length batch
 (16 sequences, lengths uniform in [16, 384], seed 0) padded to its longest with a mask for every provider
 (fastenc unpads inside). Throughput counts useful (non-pad) tokens. Every provider starts from the same weights
-and labels, all in train mode with the configs' dropout (BERT's attention-probability dropout set to 0 for every
-provider, as ModernBERT's and ViT's default configs have it); the steps of the providers are interleaved (ABAB) and
-the paired ratio is the median of the per-round ratios. Peak memory: the resident-set growth during one
+and labels, all in train mode with the configs' dropout: by default every dropout of the model's config as
+transformers defines it (BERT-base: 0.1 on the attention probabilities too; ModernBERT's and ViT's default configs
+have 0 there), the step a user of either library trains; `--attention-dropout off` sets the attention-probability
+dropout to 0 for every provider (the hidden/MLP dropouts stay), which compares the attention kernels without their
+dropout cost (rows and JSON record the p used as attention_dropout_p); the steps of the providers are
+interleaved (ABAB) and the paired ratio is the median of the per-round ratios. Peak memory: the resident-set growth during one
 training step after the warm-up steps (optimizer state already allocated), sampled every millisecond
 (fastenc.benchmark.timing.peak_memory). Before timing, each provider's eval-mode logits are checked against
 transformers' (max abs error recorded).
@@ -33,24 +36,29 @@ MODELS = ("bert-base", "modernbert-base", "vit-b16")
 LORA = {"bert": ["query", "value"], "modernbert": ["Wqkv"], "vit": ["q_proj", "v_proj"]}
 BASELINE = {"full": "hf-sdpa", "lora": "hf-sdpa+peft"}
 LR = 1e-4
+# The config key of the attention-probability dropout, per benchmark model.
+ATTENTION_DROPOUT = {"bert-base": "attention_probs_dropout_prob", "modernbert-base": "attention_dropout",
+                     "vit-b16": "attention_probs_dropout_prob"}
 
 
-def build_hf(name: str, quick: bool):
-    """The transformers classifier for a benchmark model name (quick: a tiny config of the same family)."""
+def build_hf(name: str, quick: bool, attention_dropout: str = "config"):
+    """The transformers classifier for a benchmark model name (quick: a tiny config of the same family), with the
+    config's attention-probability dropout ("config") or none ("off")."""
     import transformers as tf
 
     torch.manual_seed(0)
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if quick else {}
     vocab = dict(vocab_size=1100) if quick else {}  # (text_batch draws ids from [1000, vocab))
+    if attention_dropout == "off" and name in ATTENTION_DROPOUT:
+        small[ATTENTION_DROPOUT[name]] = 0.0
     if name == "bert-base":
-        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, attention_probs_dropout_prob=0.0,
-                                                               **small, **vocab))
+        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, **small, **vocab))
     elif name == "modernbert-base":
         ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2) if quick else {}
         model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab, **ids))
     elif name == "vit-b16":
-        extra = dict(image_size=32, **small) if quick else {}
-        model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=10, **extra))
+        extra = dict(image_size=32) if quick else {}
+        model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=10, **small, **extra))
     else:
         raise UsageError(f"--models: unknown {name!r}; known: {list(MODELS)}")
     model.set_attn_implementation("sdpa")
@@ -153,10 +161,12 @@ def _write(out: Path, meta: dict, providers: list[str], results: list[dict], com
 
 
 def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
-             tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict]) -> dict:
+             tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict],
+             attention_dropout: str = "config") -> dict:
     """One model x mode: rows per provider x workload with throughput, ratios to the baseline, peak memory
     (the files in `out` rewritten after each workload, with the finished `results` before this case)."""
-    hf = build_hf(name, quick)
+    hf = build_hf(name, quick, attention_dropout)
+    p_attn = getattr(hf.config, ATTENTION_DROPOUT[name])
     wanted = [p for p in providers if (mode == "lora") == p.endswith("+peft") or p == "fastenc"]
     models, skipped = build_providers(name, hf, mode, wanted, log)
     loads = train_workloads(name, hf, quick)
@@ -174,7 +184,8 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
             st = timing.summarize(s)
             row = {"model": name, "mode": mode, "workload": w, "workload_desc": desc, "provider": p, **st.as_dict(),
                    "throughput": thr[p], "unit": "images/s" if name == "vit-b16" else "tokens/s",
-                   "useful_units": units, "peak_mem_mib": mem[p], "max_abs_err_logits": errors.get(p)}
+                   "useful_units": units, "peak_mem_mib": mem[p], "max_abs_err_logits": errors.get(p),
+                   "attention_dropout_p": p_attn}
             for b in (base, "hf-compile"):
                 if b in samples and b != p:
                     rows_ratio = [bt / t for bt, t in zip(samples[b], s)]
@@ -190,9 +201,11 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
 
 
 def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
-                plots: bool = True, note: str | None = None, repeats: int | None = None) -> dict:
+                plots: bool = True, note: str | None = None, repeats: int | None = None,
+                attention_dropout: str = "config") -> dict:
     """Every model x mode; repeats: timed rounds per workload (default 2 with quick, else 3: a BERT-base step
-    takes seconds to tens of seconds on a few CPU cores)."""
+    takes seconds to tens of seconds on a few CPU cores); attention_dropout: "config" (the models' own) or
+    "off" (0 for every provider)."""
     from tqdm import tqdm
 
     names = models or (["bert-base"] if quick else list(MODELS))
@@ -202,6 +215,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     modes = modes or ["full", "lora"]
     if [m for m in modes if m not in BASELINE]:
         raise UsageError(f"--modes: must be among {list(BASELINE)}, got {modes}")
+    if attention_dropout not in ("config", "off"):
+        raise UsageError(f"--attention-dropout: must be 'config' or 'off', got {attention_dropout!r}")
     providers = providers or (["fastenc", "hf-sdpa", "hf-sdpa+peft"] + (["hf-compile"] if compile_hf and not quick
                                                                           else []))
 
@@ -215,7 +230,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR,
                 optimizer="torch.optim.AdamW (foreach default)",
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
-                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA))
+                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout)
     t0 = time.perf_counter()
     results: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +239,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
         for mode in modes:
             bar.set_postfix_str(f"{n} {mode}")
             res = run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh, out=out,
-                           meta=meta, results=results)
+                           meta=meta, results=results, attention_dropout=attention_dropout)
             results.append(res)
             bar.update(1)
     bar.close()

@@ -120,6 +120,7 @@ class TextEncoderMixin:
     """`encode()` for the text encoders. The model class provides `_encode(ids, mask, types) -> (x, PackedBatch)`."""
 
     tokenizer = None
+    tokenizer_folder = None  # the folder tokenizer.json was read from (save_pretrained copies its files)
     encode_defaults: dict = {}
 
     def load_tokenizer(self, folder: str | Path) -> None:
@@ -150,6 +151,7 @@ class TextEncoderMixin:
             defaults["max_length"] = _json_object(st_cfg).get("max_seq_length")
         if tok is not None:
             object.__setattr__(self, "tokenizer", tok)
+            object.__setattr__(self, "tokenizer_folder", folder.resolve())
         object.__setattr__(self, "encode_defaults", defaults)
 
     def _tokenize(self, texts: Sequence[str], max_length: int) -> list[list[int]]:

@@ -1,6 +1,8 @@
 """model.save_pretrained(folder): a transformers-layout folder (config.json + model.safetensors) through the inverse
 weight map, which transformers' from_pretrained (and fastenc.from_pretrained) loads with the same weights.
 
+When the model has a tokenizer (read from a folder's tokenizer.json), the tokenizer's files of that folder are
+copied beside the weights, so transformers' AutoTokenizer and fastenc.from_pretrained load the saved folder whole.
 The config is the Hugging Face config the model was read from (its dropouts, labels and problem type updated), or,
 for a model built from a fastenc config, one made from the fastenc fields (ModernBERT's RoPE thetas as
 rope_parameters per layer type).
@@ -10,12 +12,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from fastenc.models import architecture, convert
 
+# The files of a tokenizer (transformers' AutoTokenizer reads them beside tokenizer.json), copied when present.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")
+# sentence-transformers settings encode() reads (pooling, normalization, max length): copied for base models only.
+ENCODER_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                 "1_Pooling/config.json")
 # fastenc fields with no transformers config key of the same meaning.
 _FASTENC_ONLY = {"hf_config", "add_pooling_layer", "rope_theta_global", "rope_theta_local"}
 
@@ -44,9 +54,15 @@ class SaveMixin:
 
     def save_pretrained(self, folder) -> Path:
         """Write config.json and model.safetensors under transformers' names into `folder` (created if needed);
-        both files are written under temporary names first and renamed when complete. Returns the folder."""
+        both files are written under temporary names first and renamed when complete. Returns the folder.
+        A model carrying unmerged LoRA adapters is refused (merge_and_unload() first)."""
         from safetensors.torch import save_file
 
+        lora = self.__dict__.get("_lora_state")
+        if lora is not None and lora.unmerged:  # its weights alone would be the model without the adapters
+            raise ValueError(f"save_pretrained: {type(self).__name__} carries unmerged LoRA adapter(s) "
+                             f"{sorted(lora.unmerged)}; call merge_and_unload() to save the adapted model, "
+                             f"save_lora(folder) to save an adapter, or remove_lora() to save the base model")
         cfg, arch, task = self.config, self.config.model_type, self.task
         entries = architecture.get(arch).entries(cfg, task)
         with torch.no_grad():
@@ -62,4 +78,34 @@ class SaveMixin:
         tmp_c.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         os.replace(tmp_w, folder / "model.safetensors")
         os.replace(tmp_c, folder / "config.json")
+        save_tokenizer(self, folder)
         return folder
+
+
+def save_tokenizer(model, folder: Path) -> list[str]:
+    """Copy the tokenizer files (and, for a base model, the encoder settings) of the folder the model's tokenizer
+    was read from into `folder`, each under a temporary name renamed when complete; tokenizer.json is written from
+    the loaded tokenizer when that folder no longer has it. Returns the names written (none without a tokenizer)."""
+    tok = getattr(model, "tokenizer", None)
+    src = getattr(model, "tokenizer_folder", None)
+    if tok is None or (src is not None and src.is_dir() and src.samefile(folder)):
+        return []
+    written = []
+    for name in TOKENIZER_FILES + (ENCODER_FILES if model.task == "base" else ()):
+        dest = folder / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        if src is not None and (src / name).is_file():
+            shutil.copyfile(src / name, tmp)
+        elif name == "tokenizer.json":
+            from tokenizers import Tokenizer
+
+            plain = Tokenizer.from_str(tok.to_str())  # without the truncation encode() sets
+            plain.no_truncation()
+            plain.no_padding()
+            plain.save(str(tmp))
+        else:
+            continue
+        os.replace(tmp, dest)
+        written.append(name)
+    return written

@@ -14,6 +14,7 @@ def test_train_cli_quick(tmp_path):
     rc = cli.main(["bench", "train", "--quick", "--repeats", "1", "--no-plots", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "train.json").read_text())
+    assert data["attention_dropout"] == "config"
     assert data["suite"] == "train" and data["commit"] and data["machine"]["cpu"] and "RSS" in data["memory"]
     rows = {(r["mode"], r["workload"], r["provider"]): r for r in data["rows"]}
     want = {(m, w, p) for w in ("fixed", "varlen") for m, ps in (("full", ("fastenc", "hf-sdpa")),
@@ -21,6 +22,7 @@ def test_train_cli_quick(tmp_path):
     assert set(rows) == want, sorted(rows)
     for (mode, w, p), r in rows.items():
         assert r["model"] == "bert-base" and r["unit"] == "tokens/s" and r["n"] == 1
+        assert r["attention_dropout_p"] == 0.1  # BERT's own config: the step users train
         assert math.isfinite(r["throughput"]) and r["throughput"] > 0 and r["peak_mem_mib"] is not None
         assert r["max_abs_err_logits"] < 1e-4, (mode, w, p, r["max_abs_err_logits"])  # the same model on both sides
         if p == "fastenc":
@@ -36,3 +38,14 @@ def test_train_cli_bad_selection(tmp_path, capsys):
     assert "--models: unknown ['gpt2']" in capsys.readouterr().err
     assert cli.main(["bench", "train", "--quick", "--modes", "qlora", "--out", str(tmp_path)]) == 2
     assert "--modes: must be among ['full', 'lora']" in capsys.readouterr().err
+    assert cli.main(["bench", "train", "--quick", "--attention-dropout", "0.2", "--out", str(tmp_path)]) == 2
+    assert "--attention-dropout: must be 'config' or 'off', got '0.2'" in capsys.readouterr().err
+
+
+def test_attention_dropout_off_builds_every_model_without_it():
+    from fastenc.benchmark.train import ATTENTION_DROPOUT, build_hf
+
+    for name, key in ATTENTION_DROPOUT.items():
+        assert getattr(build_hf(name, True, "off").config, key) == 0.0
+    assert build_hf("bert-base", True).config.attention_probs_dropout_prob == 0.1
+    assert build_hf("bert-base", True, "off").config.hidden_dropout_prob == 0.1  # the other dropouts stay

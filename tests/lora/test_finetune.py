@@ -1,5 +1,6 @@
 """The fine-tuning example (`fastenc finetune`) in a tiny mode: the labelled docstring set, a training step with a
-finite loss, the save in transformers' layout (full) or PEFT's (LoRA) reloaded there with equal logits."""
+finite loss, the save in transformers' layout with the tokenizer (full; LoRA: after merge_and_unload) and PEFT's
+(LoRA) reloaded there and in fastenc with equal logits."""
 from __future__ import annotations
 
 import math
@@ -23,8 +24,11 @@ def test_tiny_finetune_saves_and_reloads(tmp_path, lora):
     assert len(res["losses"]) == 1 and all(math.isfinite(x) for x in res["losses"])
     assert res["reload_max_diff"] < 1e-4
     saved = {p.name for p in tmp_path.iterdir()}
-    want = {"adapter_config.json", "adapter_model.safetensors"} if lora else {"config.json", "model.safetensors"}
-    assert want <= saved
+    model = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"}
+    if lora:
+        assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged"} <= saved
+        saved = {p.name for p in (tmp_path / "merged").iterdir()}
+    assert model <= saved  # a folder AutoTokenizer, transformers and fastenc.from_pretrained load (reload_max_diff)
 
 
 def test_cli_rejects_bad_counts(capsys):

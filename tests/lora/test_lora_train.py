@@ -1,6 +1,6 @@
 """LoRA training with PEFT's names and files: add_lora's targets, initialization and trainable set; save_lora
 loaded by PEFT with equal outputs and read back by load_lora; the adapted layer's fused forward/backward (and
-lora_dropout) against PEFT's formula; one adapter trains at a time; bad input changes nothing."""
+lora_dropout, one mask per adapted projection) against PEFT's formula; one adapter trains at a time; bad input changes nothing."""
 from __future__ import annotations
 
 import math
@@ -121,6 +121,32 @@ def test_adapted_layer_grads_and_dropout_match_peft_formula():
         rdx, rda, rdb = torch.autograd.grad(ref, (x2, a, b), dy)
         for got, want in ((y, ref), (dx, rdx), (da, rda), (db, rdb)):
             testing.assert_close(got, want)
+    fe.eval()
+
+
+def test_each_adapted_projection_draws_its_own_dropout_mask():
+    """query and value adapters on one fused Wqkv: as PEFT's separate layers, each reads its own dropout(x)
+    (drawn in row order), not one mask shared by both."""
+    fe = fastenc.from_hf(_hf.bert("base", layers=1))
+    fe.add_lora(r=3, lora_alpha=6, target_modules=["query", "value"], lora_dropout=0.5)
+    _randomize_trainable(fe, seed=6)
+    layer, ad = fe.layers[0].attn.Wqkv, fe.layers[0].attn.Wqkv.lora["default"]
+    x = torch.randn(29, 64, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    dy = torch.randn(29, 192, generator=torch.Generator().manual_seed(8))
+    fe.train()
+    torch.manual_seed(12)
+    y = layer(x)
+    got = torch.autograd.grad(y, (x, ad.lora_A["q"], ad.lora_B["v"]), dy)
+    a_q, a_v, b_q, b_v = (t.detach().clone().requires_grad_(True) for t in
+                          (ad.lora_A["q"], ad.lora_A["v"], ad.lora_B["q"], ad.lora_B["v"]))
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(12)
+    xq, xv = F.dropout(x2, 0.5, True), F.dropout(x2, 0.5, True)
+    lora_q, lora_v = F.linear(F.linear(xq, a_q), b_q) * 2.0, F.linear(F.linear(xv, a_v), b_v) * 2.0
+    ref = F.linear(x2, layer.weight, layer.bias) + torch.cat([lora_q, torch.zeros_like(lora_q), lora_v], -1)
+    want = torch.autograd.grad(ref, (x2, a_q, b_v), dy)
+    for g, w in zip((y, *got), (ref, *want)):
+        testing.assert_close(g, w)
     fe.eval()
 
 

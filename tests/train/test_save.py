@@ -49,3 +49,72 @@ def test_saved_folder_loads_in_transformers_with_the_trained_weights(arch, task,
     assert float((sel(mine) - sel(theirs)).abs().max()) <= 1e-4
     again = fastenc.from_pretrained(tmp_path / "m")
     assert float((sel(_outputs(again, inputs)) - sel(mine)).abs().max()) <= 1e-5
+
+
+TEXTS = ["the lazy fox runs", "a fast encoder saves the weights and the tokenizer", "dog"]
+
+
+def _tokenizer_files(folder, sentence_transformers: bool) -> None:
+    """A WordPiece tokenizer trained on a few strings, saved by transformers (tokenizer.json +
+    tokenizer_config.json), plus vocab.txt and, optionally, sentence-transformers' pooling settings."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    words = ["the quick brown fox jumps over the lazy dog", "a fast encoder runs packed tokens",
+             "save the tokenizer beside the weights"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(words * 3, trainers.WordPieceTrainer(
+        vocab_size=120, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    _hf.transformers.BertTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    (folder / "vocab.txt").write_text("".join(w + "\n" for w, _ in vocab))
+    if sentence_transformers:
+        (folder / "1_Pooling").mkdir()
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+        (folder / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+
+
+@pytest.mark.parametrize("task", ["base", "sequence_classification"])
+def test_saved_folder_carries_the_tokenizer(task, tmp_path):
+    from transformers import AutoTokenizer
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    hf = _hf.bert(task)
+    hf.save_pretrained(src)
+    _tokenizer_files(src, sentence_transformers=task == "base")
+    want = AutoTokenizer.from_pretrained(src)(TEXTS)["input_ids"]
+    fe = fastenc.from_pretrained(src)
+    fe.encode(TEXTS[:1], max_length=4)  # (encode truncates the tokenizer it holds; the copy is the folder's)
+    fe.save_pretrained(out)
+    st_files = {"modules.json", "1_Pooling"} if task == "base" else set()
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                               "tokenizer_config.json", "vocab.txt"} | st_files
+    assert (out / "vocab.txt").read_bytes() == (src / "vocab.txt").read_bytes()
+    src.rename(tmp_path / "gone")  # the saved folder stands alone
+    assert AutoTokenizer.from_pretrained(out)(TEXTS)["input_ids"] == want
+    again = fastenc.from_pretrained(out)
+    assert again.encode_defaults == fe.encode_defaults
+    if task == "base":
+        assert fe.encode_defaults == {"pooling": "mean", "normalize": True}
+        torch.testing.assert_close(again.encode(TEXTS), fe.encode(TEXTS), rtol=0, atol=0)
+    else:
+        enc = AutoTokenizer.from_pretrained(out)(TEXTS, padding=True, return_tensors="pt")
+        loaded = _hf.transformers.BertForSequenceClassification.from_pretrained(out, attn_implementation="eager")
+        with torch.no_grad():
+            theirs = loaded.eval()(**enc).logits
+            mine = again(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        assert float((mine - theirs).abs().max()) <= 1e-4
+    fe.save_pretrained(tmp_path / "again")  # its folder gone: tokenizer.json from the loaded tokenizer
+    assert (tmp_path / "again" / "tokenizer.json").is_file() and not (tmp_path / "again" / "vocab.txt").exists()
+    reread = fastenc.from_pretrained(tmp_path / "again").tokenizer
+    assert [e.ids for e in reread.encode_batch(TEXTS)] == want
+    assert AutoTokenizer.from_pretrained(tmp_path / "again")(TEXTS)["input_ids"] == want
