@@ -90,6 +90,27 @@ class BertLayer(nn.Module):
         return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, p)
 
 
+def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, column0: bool, padded: bool):
+    """Post-norm blocks over the packed tokens x, with padded queries (rows, cols, states) run beside them (each
+    block reads x before overwriting it). Returns what `_run` returns: (x, batch, first), first being column 0's
+    state per row (column0), the padded queries (rows, cols, states) (padded), or None."""
+    rows, cols, xg = queries if queries is not None else (None, None, None)
+    for layer in layers:
+        if rows is not None:  # (before `layer` overwrites x)
+            o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
+            xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
+            xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
+        x = layer(x, batch.cu_seqlens, batch.max_seqlen)
+    if padded:
+        return x, batch, None if rows is None else (rows, cols, xg)
+    first = None
+    if column0:
+        first = batch.first_tokens(x)
+        if rows is not None:
+            first = first.index_copy(0, rows, xg.to(first.dtype))
+    return x, batch, first
+
+
 def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:
     """norm(dropout(linear(y)) + residual): the linear's bias fused into the norm when there is no dropout."""
     if p > 0:
@@ -129,24 +150,12 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x = self.embeddings(ids, pos if grid is None else batch.gather(grid),
                             None if types is None else batch.gather(types))
         rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        xg = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
             cols = torch.zeros_like(rows) if cols is None else cols
             xg = self.embeddings(input_ids[rows, cols], cols if grid is None else grid[rows, cols],
                                  None if types is None else types[rows, cols])
-        for layer in self.layers:
-            if rows is not None:  # (before `layer` overwrites x)
-                o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
-                xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
-                xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
-            x = layer(x, batch.cu_seqlens, batch.max_seqlen)
-        if padded:
-            return x, batch, None if rows is None else (rows, cols, xg)
-        first = None
-        if column0:
-            first = batch.first_tokens(x)
-            if rows is not None:
-                first = first.index_copy(0, rows, xg.to(first.dtype))
-        return x, batch, first
+        return run_blocks(self.layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded)
 
     def _position_ids(self, input_ids: torch.Tensor, batch) -> torch.Tensor | None:
         """Position ids on the padded (batch, seq) grid for the position embedding, or None for BERT's: each
@@ -188,13 +197,7 @@ class BertForSequenceClassification(BertModel):
         return self.classifier(F.dropout(pooled, p, training=True) if p > 0 else pooled)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        name = type(self).__name__
-        kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels, heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        logits = self.classify(batch.first_tokens(x))
-        if labels is None:
-            return logits
-        return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
+        return heads.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
 
 
 class BertForTokenClassification(BertModel):

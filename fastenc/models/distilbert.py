@@ -32,8 +32,8 @@ from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
-from fastenc.models.bert import BertLayer, _add_norm
-from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
+from fastenc.models.bert import BertLayer, _add_norm, run_blocks
+from fastenc.models.columns import padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
@@ -159,23 +159,11 @@ class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         batch, ids, pos = pack_text(input_ids, mask)
         x = self.embeddings(ids, pos)
         rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        queries = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
             cols = torch.zeros_like(rows) if cols is None else cols
-            xg = self.embeddings(input_ids[rows, cols], cols)
-        for layer in self.layers:
-            if rows is not None:  # (before `layer` overwrites x)
-                o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
-                xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
-                xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
-            x = layer(x, batch.cu_seqlens, batch.max_seqlen)
-        if padded:
-            return x, batch, None if rows is None else (rows, cols, xg)
-        first = None
-        if column0:
-            first = batch.first_tokens(x)
-            if rows is not None:
-                first = first.index_copy(0, rows, xg.to(first.dtype))
-        return x, batch, first
+            queries = (rows, cols, self.embeddings(input_ids[rows, cols], cols))
+        return run_blocks(self.layers, x, batch, pos, queries, column0, padded)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
@@ -198,14 +186,7 @@ class DistilBertForSequenceClassification(DistilBertModel):
         return self.classifier(_drop(self, pooled, self.config.seq_classif_dropout))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        name = type(self).__name__
-        kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels,
-                                                                       heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        logits = self.classify(batch.first_tokens(x))
-        if labels is None:
-            return logits
-        return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
+        return heads.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
 
 
 class DistilBertForTokenClassification(DistilBertModel):

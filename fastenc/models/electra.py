@@ -30,13 +30,10 @@ from torch import nn
 
 from fastenc.layers import Linear
 from fastenc.layers.mlp import activation
-from fastenc.lora import LoraMixin
-from fastenc.models import bert, heads
+from fastenc.models import bert
 from fastenc.models.architecture import Architecture
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin
-from fastenc.models.saving import SaveMixin
-from fastenc.models.base import TextEncoderMixin
 
 
 @dataclass

@@ -108,6 +108,18 @@ def sequence_loss(config, kind: str, logits: torch.Tensor, labels: torch.Tensor,
     return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
 
 
+def classify_sequence(model, input_ids, attention_mask, token_type_ids, labels):
+    """The forward of a text sequence classifier that reads each row's first real token: labels checked first,
+    then logits = model.classify(first token) (batch, num_labels), or transformers' output with the loss."""
+    kind = None if labels is None else check_sequence_labels(type(model).__name__, model.config, labels,
+                                                             grid(input_ids)[0])
+    x, batch = model._encode(input_ids, attention_mask, token_type_ids)
+    logits = model.classify(batch.first_tokens(x))
+    if labels is None:
+        return logits
+    return output(model.task, sequence_loss(model.config, kind, logits, labels), logits)
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
     """Mean cross-entropy over the labels that are not IGNORE (or their sum / num_items_in_batch)."""
     labels = labels.long()

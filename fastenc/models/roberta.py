@@ -112,14 +112,7 @@ class RobertaForSequenceClassification(RobertaModel):
         return self.classifier(first)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        name = type(self).__name__
-        kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels,
-                                                                       heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        logits = self.classify(batch.first_tokens(x))
-        if labels is None:
-            return logits
-        return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
+        return heads.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
 
 
 class RobertaForQuestionAnswering(RobertaModel):
