@@ -105,6 +105,12 @@ class Architecture:
 _TABLE: dict[str, Architecture] | None = None
 
 
+def heads_of(*classes: type) -> dict[str, tuple[type, str]]:
+    """Architecture.heads from fastenc model classes named as their transformers classes: task (each class's
+    `task`) -> (class, its name)."""
+    return {cls.task: (cls, cls.__name__) for cls in classes}
+
+
 def architectures() -> dict[str, Architecture]:
     """model_type -> Architecture, every registered one (their modules imported on the first call)."""
     global _TABLE

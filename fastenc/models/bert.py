@@ -30,7 +30,7 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
-from fastenc.models.architecture import Architecture
+from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
@@ -353,11 +353,8 @@ def pooler_override(task: str, has_pooler: bool) -> dict:
 ARCHITECTURE = Architecture(
     model_type="bert",
     config=BertConfig,
-    heads={"base": (BertModel, "BertModel"),
-           "sequence_classification": (BertForSequenceClassification, "BertForSequenceClassification"),
-           "token_classification": (BertForTokenClassification, "BertForTokenClassification"),
-           "question_answering": (BertForQuestionAnswering, "BertForQuestionAnswering"),
-           "masked_lm": (BertForMaskedLM, "BertForMaskedLM")},
+    heads=heads_of(BertModel, BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering,
+                   BertForMaskedLM),
     weight_map=weight_map,
     head_prefix="bert.",
     encoder_of=("BertForPreTraining", "BertForNextSentencePrediction"),

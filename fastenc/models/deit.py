@@ -22,7 +22,7 @@ from torch import nn
 
 from fastenc.layers import Linear
 from fastenc.models import vit
-from fastenc.models.architecture import Architecture
+from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.config import ViTConfig
 from fastenc.models.convert import Entry, lin
 
@@ -126,10 +126,7 @@ LEGACY_NAMES = (  # DeiT before transformers 5 (deit.encoder.layer.N.attention.a
 ARCHITECTURE = Architecture(
     model_type="deit",
     config=DeiTConfig,
-    heads={"base": (DeiTModel, "DeiTModel"),
-           "image_classification": (DeiTForImageClassification, "DeiTForImageClassification"),
-           "image_classification_with_teacher": (DeiTForImageClassificationWithTeacher,
-                                                 "DeiTForImageClassificationWithTeacher")},
+    heads=heads_of(DeiTModel, DeiTForImageClassification, DeiTForImageClassificationWithTeacher),
     weight_map=weight_map,
     head_prefix="deit.",
     modality="vision",

@@ -30,7 +30,7 @@ from fastenc.layers import LayerNorm, Linear, activation
 from fastenc.layers.mlp import check_activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
-from fastenc.models.architecture import Architecture
+from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.bert import BertLayer, _add_norm, run_blocks
 from fastenc.models.columns import padded_first_rows, padded_positions
@@ -330,11 +330,8 @@ def weight_map(cfg: DistilBertConfig, task: str, prefix: str = "") -> list[Entry
 ARCHITECTURE = Architecture(
     model_type="distilbert",
     config=DistilBertConfig,
-    heads={"base": (DistilBertModel, "DistilBertModel"),
-           "sequence_classification": (DistilBertForSequenceClassification, "DistilBertForSequenceClassification"),
-           "token_classification": (DistilBertForTokenClassification, "DistilBertForTokenClassification"),
-           "question_answering": (DistilBertForQuestionAnswering, "DistilBertForQuestionAnswering"),
-           "masked_lm": (DistilBertForMaskedLM, "DistilBertForMaskedLM")},
+    heads=heads_of(DistilBertModel, DistilBertForSequenceClassification, DistilBertForTokenClassification,
+                   DistilBertForQuestionAnswering, DistilBertForMaskedLM),
     weight_map=weight_map,
     head_prefix="distilbert.",
     inputs=frozenset({"input_ids", "attention_mask", "return_dict", "num_items_in_batch"}),

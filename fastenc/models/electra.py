@@ -31,7 +31,7 @@ from torch import nn
 from fastenc.layers import Linear
 from fastenc.layers.mlp import activation
 from fastenc.models import bert
-from fastenc.models.architecture import Architecture
+from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin
 
@@ -175,10 +175,8 @@ def weight_map(cfg: ElectraConfig, task: str, prefix: str = "") -> list[Entry]:
 ARCHITECTURE = Architecture(
     model_type="electra",
     config=ElectraConfig,
-    heads={"base": (ElectraModel, "ElectraModel"),
-           "sequence_classification": (ElectraForSequenceClassification, "ElectraForSequenceClassification"),
-           "token_classification": (ElectraForTokenClassification, "ElectraForTokenClassification"),
-           "question_answering": (ElectraForQuestionAnswering, "ElectraForQuestionAnswering")},
+    heads=heads_of(ElectraModel, ElectraForSequenceClassification, ElectraForTokenClassification,
+                   ElectraForQuestionAnswering),
     weight_map=weight_map,
     head_prefix="electra.",
     encoder_of=("ElectraForPreTraining", "ElectraForMaskedLM"),

@@ -23,7 +23,7 @@ from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
-from fastenc.models.architecture import Architecture
+from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
@@ -330,11 +330,8 @@ def hf_config(cfg: ModernBertConfig) -> dict:
 ARCHITECTURE = Architecture(
     model_type="modernbert",
     config=ModernBertConfig,
-    heads={"base": (ModernBertModel, "ModernBertModel"),
-           "sequence_classification": (ModernBertForSequenceClassification, "ModernBertForSequenceClassification"),
-           "token_classification": (ModernBertForTokenClassification, "ModernBertForTokenClassification"),
-           "question_answering": (ModernBertForQuestionAnswering, "ModernBertForQuestionAnswering"),
-           "masked_lm": (ModernBertForMaskedLM, "ModernBertForMaskedLM")},
+    heads=heads_of(ModernBertModel, ModernBertForSequenceClassification, ModernBertForTokenClassification,
+                   ModernBertForQuestionAnswering, ModernBertForMaskedLM),
     weight_map=weight_map,
     head_prefix="model.",
     token_types=False,  # (transformers' forward takes token_type_ids and ignores them; so does accelerate)

@@ -21,7 +21,7 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
-from fastenc.models.architecture import Architecture
+from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
@@ -199,8 +199,7 @@ def pooler_override(task: str, has_pooler: bool) -> dict:
 ARCHITECTURE = Architecture(
     model_type="vit",
     config=ViTConfig,
-    heads={"base": (ViTModel, "ViTModel"),
-           "image_classification": (ViTForImageClassification, "ViTForImageClassification")},
+    heads=heads_of(ViTModel, ViTForImageClassification),
     weight_map=weight_map,
     head_prefix="vit.",
     modality="vision",
