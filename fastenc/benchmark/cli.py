@@ -18,7 +18,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("what", choices=["kernels", "models", "train", "embed", "mlm-head", "report"],
                    help="which suite to run ('embed': the corpus job vs sentence-transformers and transformers); "
                         "'train': training steps vs transformers (+ PEFT for LoRA); "
-                        "'mlm-head': the masked-LM head at 15% of tokens vs the encoder and transformers' dense head; "
+                        "'mlm-head': the masked-LM head at 15%% of tokens vs the encoder and transformers' dense head; "
                         "'report' writes RESULTS.md from the JSON files in --out")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),

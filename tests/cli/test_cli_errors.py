@@ -55,3 +55,14 @@ def test_run_with_bad_tokenizer(tmp_path, content):
     (folder / "tokenizer.json").write_text(content)
     p = fastenc("run", "--model", str(folder), "--bench-size", "0", "--no-check")
     assert_one_line_error(p, "fastenc run:", str(folder))
+
+
+def test_every_help_page_prints():
+    # argparse formats help strings with %: every subcommand's --help must print, not raise
+    from fastenc.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert parser.format_help().strip()
+    for name, sub in subs.choices.items():
+        assert sub.format_help().startswith(f"usage: fastenc {name}"), name
