@@ -299,20 +299,9 @@ def question_answering(model: BertModel, input_ids, attention_mask, token_type_i
     """The question-answering forward of a BERT-family model with a `qa_outputs` Linear(hidden, 2): (start, end)
     logits (batch, seq), zeros at padding, or with start/end positions transformers' output with its loss, whose
     softmax runs over the padded columns too (their logits computed as transformers does: `_run(padded=True)`)."""
-    labelled = start_positions is not None or end_positions is not None
-    if labelled:
-        heads.check_qa_positions(type(model).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
-    x, batch, extra = model._run(input_ids, attention_mask, token_type_ids, padded=labelled)
-    logits = batch.pad(model.qa_outputs(x))
-    start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
-    if not labelled:
-        return start, end
-    full = logits
-    if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
-        rows, cols, xg = extra
-        full = logits.index_put((rows, cols), model.qa_outputs(xg).to(logits.dtype))
-    loss = heads.qa_loss(full[..., 0], full[..., 1], start_positions, end_positions)
-    return heads.output(model.task, loss, (start, end))
+    return heads.answer_spans(model, input_ids, start_positions, end_positions,
+                              lambda padded: model._run(input_ids, attention_mask, token_type_ids, padded=padded),
+                              model.qa_outputs)
 
 
 def weight_map(cfg: BertConfig, task: str, prefix: str = "") -> list[Entry]:

@@ -226,20 +226,9 @@ class DistilBertForQuestionAnswering(DistilBertModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None):
-        given = start_positions is not None or end_positions is not None
-        if given:
-            heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
-        x, batch, extra = self._run(input_ids, attention_mask, token_type_ids, padded=given)
-        logits = batch.pad(self.qa_outputs(_drop(self, x, self.config.qa_dropout)))
-        start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
-        if not given:
-            return start, end
-        full = logits
-        if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
-            rows, cols, xg = extra
-            full = logits.index_put((rows, cols), self.qa_outputs(_drop(self, xg, self.config.qa_dropout)).to(logits.dtype))
-        loss = heads.qa_loss(full[..., 0], full[..., 1], start_positions, end_positions)
-        return heads.output(self.task, loss, (start, end))
+        return heads.answer_spans(self, input_ids, start_positions, end_positions,
+                                  lambda padded: self._run(input_ids, attention_mask, token_type_ids, padded=padded),
+                                  lambda x: self.qa_outputs(_drop(self, x, self.config.qa_dropout)))
 
 
 class DistilBertForMaskedLM(DistilBertModel):

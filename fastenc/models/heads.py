@@ -120,6 +120,27 @@ def classify_sequence(model, input_ids, attention_mask, token_type_ids, labels):
     return output(model.task, sequence_loss(model.config, kind, logits, labels), logits)
 
 
+def answer_spans(model, input_ids, start_positions, end_positions, run, project, num_items_in_batch=None):
+    """The forward of a question-answering head: (start, end) logits (batch, seq), zeros at padding, or with
+    start/end positions transformers' output with its loss, whose softmax runs over the padded columns too.
+    run(padded) -> (x, batch, extra) is the model's `_run` (extra: the padded positions' states, computed as
+    transformers does, when padded); project maps hidden states (n, hidden) to (n, 2) logits."""
+    labelled = start_positions is not None or end_positions is not None
+    if labelled:
+        check_qa_positions(type(model).__name__, start_positions, end_positions, grid(input_ids)[0])
+    x, batch, extra = run(labelled)
+    logits = batch.pad(project(x))
+    start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
+    if not labelled:
+        return start, end
+    full = logits
+    if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
+        rows, cols, xg = extra
+        full = logits.index_put((rows, cols), project(xg).to(logits.dtype))
+    loss = qa_loss(full[..., 0], full[..., 1], start_positions, end_positions, num_items_in_batch)
+    return output(model.task, loss, (start, end))
+
+
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
     """Mean cross-entropy over the labels that are not IGNORE (or their sum / num_items_in_batch)."""
     labels = labels.long()

@@ -242,20 +242,9 @@ class ModernBertForQuestionAnswering(_ModernBertWithHead):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None, num_items_in_batch=None):
-        labelled = start_positions is not None or end_positions is not None
-        if labelled:
-            heads.check_qa_positions(type(self).__name__, start_positions, end_positions, heads.grid(input_ids)[0])
-        x, batch, extra = self._run(input_ids, attention_mask, padded=labelled)
-        logits = batch.pad(self.classify(x))
-        start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()
-        if not labelled:
-            return start, end
-        full = logits
-        if extra is not None:  # transformers' logits at the padded columns, for the loss's softmax
-            rows, cols, xg = extra
-            full = logits.index_put((rows, cols), self.classify(xg).to(logits.dtype))
-        loss = heads.qa_loss(full[..., 0], full[..., 1], start_positions, end_positions, num_items_in_batch)
-        return heads.output(self.task, loss, (start, end))
+        return heads.answer_spans(self, input_ids, start_positions, end_positions,
+                                  lambda padded: self._run(input_ids, attention_mask, padded=padded), self.classify,
+                                  num_items_in_batch)
 
 
 class ModernBertForMaskedLM(ModernBertModel):
