@@ -41,7 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--workloads", default=None,
                    help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="models: timed batch-1 rounds (default: 5 with --quick, else 20, more up to 5 s)")
+                   help="models: timed batch-1 rounds (default: 5 with --quick, else 20, more up to 5 s); "
+                        "embed: timed rounds over the corpus (default 2; quick 1)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines (they compile for minutes on CPU)")
     p.add_argument("--modes", default=None, help="train: comma-separated of full, lora (default: both)")
     p.add_argument("--repeats", type=int, default=None, help="train: timed rounds per workload (default 3; quick 2)")
@@ -98,7 +99,7 @@ def run(args) -> int:
 def _run_suite(args, suite, device, dtype, out):
     if args.what == "embed":
         from fastenc.corpus.bench import bench_embed
-        return bench_embed(out, n=args.passages, rounds=1 if args.quick else 2,
+        return bench_embed(out, n=args.passages, rounds=args.rounds or (1 if args.quick else 2),
                            memory_sizes=() if args.quick else (10000, 40000), ray_actors=() if args.quick else (1, 2),
                            providers=_split(args.providers), note=args.note)
     if args.what == "mlm-head":
