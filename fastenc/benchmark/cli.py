@@ -49,6 +49,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--attention-dropout", default="config", help="train: 'config' (the models' own attention-"
                    "probability dropout, BERT 0.1; default) or 'off' (0 for every provider)")
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
+    p.add_argument("--memory-sizes", default=None, help="embed: comma-separated corpus sizes whose peak memory is "
+                   "measured in fresh processes (default 10000,40000; none with --quick; 0 for none)")
+    p.add_argument("--ray-actors", default=None, help="embed: comma-separated actor counts for the Ray rows "
+                   "(default 1,2; none with --quick; 0 for none)")
+    p.add_argument("--no-throughput", action="store_true", help="embed: skip the timed providers (memory and Ray "
+                   "rows only)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
     p.add_argument("--backward", action="store_true",
@@ -56,6 +62,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(writes backward.json)")
     p.set_defaults(func=run)
     return p
+
+
+def _ints(v: str | None, default: tuple) -> tuple:
+    if v is None:
+        return default
+    try:
+        got = tuple(int(x) for x in v.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"expected comma-separated integers, got {v!r}") from None
+    if any(x < 0 for x in got):
+        raise SystemExit(f"expected non-negative integers, got {v!r}")
+    return tuple(x for x in got if x > 0)
 
 
 def _split(v: str | None) -> list[str] | None:
@@ -99,8 +117,10 @@ def run(args) -> int:
 def _run_suite(args, suite, device, dtype, out):
     if args.what == "embed":
         from fastenc.corpus.bench import bench_embed
-        return bench_embed(out, n=args.passages, rounds=args.rounds or (1 if args.quick else 2),
-                           memory_sizes=() if args.quick else (10000, 40000), ray_actors=() if args.quick else (1, 2),
+        rounds = 0 if args.no_throughput else args.rounds or (1 if args.quick else 2)
+        return bench_embed(out, n=args.passages, rounds=rounds,
+                           memory_sizes=_ints(args.memory_sizes, () if args.quick else (10000, 40000)),
+                           ray_actors=_ints(args.ray_actors, () if args.quick else (1, 2)),
                            providers=_split(args.providers), note=args.note)
     if args.what == "mlm-head":
         from fastenc.benchmark.mlm_head import bench_mlm_head

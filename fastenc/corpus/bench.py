@@ -65,13 +65,45 @@ def _peak_rss_mib(corpus: Path, out: Path) -> dict[str, float]:
 
 def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 2, memory_sizes=(10000, 40000),
                 ray_actors=(1, 2), providers=None, note: str | None = None) -> dict:
-    import fastenc
     from fastenc.benchmark import report
     from fastenc.corpus.docstrings import docstring_passages, write_corpus
     from fastenc.corpus.job import default_model_path
 
     folder = default_model_path()
     texts = list(docstring_passages(n))
+    rows, loads = _time_providers(folder, texts, max_length, rounds, providers) if rounds > 0 else ([], [])
+    payload = {"suite": "embed", **report.metadata("cpu", torch.float32, False), "note": note, "n": n,
+               "max_length": max_length, "rounds": rounds, "loadavg_after_each_round": loads, "rows": rows}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if memory_sizes:
+            mem = {}
+            for size in memory_sizes:
+                src = tmp / f"c{size}.txt"
+                got = write_corpus(src, size)
+                mem[str(got)] = _peak_rss_mib(src, tmp / f"o{size}.npy")
+            payload["peak_rss_mib"] = mem
+        if ray_actors:
+            payload["ray"] = _ray_rows(tmp, texts, ray_actors)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [report.write_json(out / "embed.json", payload), report.write_csv(out / "embed.csv", rows)]
+    print(report.table(rows, [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
+                              ("fastenc_speedup", "fastenc x"), ("paired_speedup_median", "paired x"),
+                              ("cos_min_vs_fastenc", "min cos")]))
+    if "peak_rss_mib" in payload:
+        print("RSS of the job alone (MiB) by corpus size, model loaded / peak:", json.dumps(payload["peak_rss_mib"]))
+    for r in payload.get("ray", []):
+        print(f"{r['engine']}: {r['texts_per_s']:.0f} texts/s ({r['vs_local']:.2f} of the in-process job)")
+    return {"payload": payload, "files": files}
+
+
+def _time_providers(folder, texts: list[str], max_length: int, rounds: int, providers) -> tuple[list[dict], list]:
+    """Each provider embeds the whole corpus once per round (round order alternating), after a warm-up on a slice;
+    rows with texts/s, tokens/s, the speed ratio to fastenc's job (medians and per-round pairs) and the outputs'
+    agreement (min cosine)."""
+    import fastenc
+
     model = fastenc.from_pretrained(folder).eval()
     d = model.encode_defaults
     pooling, normalize = d.get("pooling", "mean"), d.get("normalize", False)
@@ -130,30 +162,7 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
         paired = [t / f for t, f in zip(times[r["provider"]], times["fastenc embed"])]
         r["paired_speedups"] = paired
         r["paired_speedup_median"] = statistics.median(paired)
-    payload = {"suite": "embed", **report.metadata("cpu", torch.float32, False), "note": note, "n": n,
-               "max_length": max_length, "rounds": rounds, "loadavg_after_each_round": loads, "rows": rows}
-
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        if memory_sizes:
-            mem = {}
-            for size in memory_sizes:
-                src = tmp / f"c{size}.txt"
-                got = write_corpus(src, size)
-                mem[str(got)] = _peak_rss_mib(src, tmp / f"o{size}.npy")
-            payload["peak_rss_mib"] = mem
-        if ray_actors:
-            payload["ray"] = _ray_rows(tmp, texts, ray_actors)
-    out.mkdir(parents=True, exist_ok=True)
-    files = [report.write_json(out / "embed.json", payload), report.write_csv(out / "embed.csv", rows)]
-    print(report.table(rows, [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
-                              ("fastenc_speedup", "fastenc x"), ("paired_speedup_median", "paired x"),
-                              ("cos_min_vs_fastenc", "min cos")]))
-    if "peak_rss_mib" in payload:
-        print("RSS of the job alone (MiB) by corpus size, model loaded / peak:", json.dumps(payload["peak_rss_mib"]))
-    for r in payload.get("ray", []):
-        print(f"{r['engine']}: {r['texts_per_s']:.0f} texts/s ({r['vs_local']:.2f} of the in-process job)")
-    return {"payload": payload, "files": files}
+    return rows, loads
 
 
 def _ray_rows(tmp: Path, texts: list[str], actors_list) -> list[dict]:

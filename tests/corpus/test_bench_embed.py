@@ -15,3 +15,24 @@ def test_bench_embed_small(tmp_path):
         assert r["cos_min_vs_fastenc"] == pytest.approx(1.0, abs=1e-5)
     assert rows["fastenc embed"]["fastenc_speedup"] == 1.0
     assert (tmp_path / "embed.json").exists() and (tmp_path / "embed.csv").exists()
+
+
+def test_bench_embed_memory_only(tmp_path):
+    """rounds=0 skips the timed providers; the memory rows come from a fresh process embedding a corpus file."""
+    res = bench_embed(tmp_path, n=8, rounds=0, memory_sizes=(30,), ray_actors=())
+    pay = res["payload"]
+    assert pay["rows"] == [] and pay["rounds"] == 0
+    (size, mem), = pay["peak_rss_mib"].items()
+    assert int(size) == 30 and 0 < mem["model_loaded"] <= mem["peak"]
+
+
+def test_bench_cli_int_lists():
+    from fastenc.benchmark.cli import _ints
+
+    assert _ints(None, (1, 2)) == (1, 2)
+    assert _ints("0", (1, 2)) == ()
+    assert _ints("10000, 40000", ()) == (10000, 40000)
+    with pytest.raises(SystemExit, match="integers"):
+        _ints("a,b", ())
+    with pytest.raises(SystemExit, match="non-negative"):
+        _ints("-1", ())
