@@ -114,6 +114,8 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
     folder = Path(model) if model is not None else default_model_path()
     if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
         raise ValueError("embed: engine='ray' loads the model in each actor: model must be a model folder path")
+    settings = folder_settings(folder, opts)  # what the actors will use; before Ray starts, as the blocks
+    blocks = [b for s in sources for b in split_source(s, opts.window)]  # window rows each, as the local windows
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
@@ -121,7 +123,8 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
                  **({} if address else {"num_cpus": os.cpu_count()}))
         started = True
     try:
-        return _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts, time.perf_counter())
+        return _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
+                    time.perf_counter())
     finally:
         if started:
             ray.shutdown()
@@ -162,15 +165,15 @@ def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
     return pooling, normalize, max_length, int(cfg.hidden_size)
 
 
-def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts, t0) -> Summary:
+def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
+         t0) -> Summary:
     import ray.data
 
-    pooling, normalize, max_length, hidden = folder_settings(folder, opts)  # what the actors will use
+    pooling, normalize, max_length, hidden = settings
     str_ids = bool(opts.id_field) or any(s.prefix for s in sources)
     params = {"engine": "ray", "inputs": [str(s.path) for s in sources], "model": str(folder.resolve()),
               "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
               "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden}
-    blocks = [b for s in sources for b in split_source(s, opts.window)]  # window rows each, as the local windows
     manifest = writers.prepare(out, params, False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
