@@ -1,8 +1,10 @@
 """The C++ extension (csrc/), in two halves that build, load and fail independently:
 
   cpu half  -- csrc/bindings.cpp + csrc/cpu/*.cpp: the cpu backend and the CPU buffer cache;
-  cuda half -- csrc/bindings.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu: the cuda backend (only when torch
-               has CUDA and nvcc exists).
+  cuda half -- csrc/bindings.cpp + csrc/bindings_cuda.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu: the cuda
+               backend (only when torch has CUDA and nvcc exists).
+bindings.cpp holds the module definition (and the cpu half's wrappers, under #ifndef FASTENC_WITH_CUDA);
+bindings_cuda.cpp the CUDA wrappers, which the cpu half never compiles.
 
 Each half is loaded at its first use, never at import, in this order:
   1. an ahead-of-time build (`fastenc._C` / `fastenc._C_cuda`, FASTENC_BUILD_EXT=1 pip install ...), if its recorded
@@ -82,15 +84,17 @@ def cuda_archs() -> list[str]:
 
 
 def sources(kind: str = "cpu") -> list[str]:
-    """The sources of one half: bindings.cpp plus csrc/cpu/*.cpp (cpu) or csrc/<op>/*.cu (cuda)."""
+    """The sources of one half: bindings.cpp plus csrc/cpu/*.cpp (cpu), or bindings.cpp, bindings_cuda.cpp and
+    csrc/<op>/*.cu (cuda)."""
     _half(kind)
     root = csrc_dir()
-    pattern = root / "cpu" / "*.cpp" if kind == "cpu" else root / "*" / "*.cu"
-    return [str(root / "bindings.cpp")] + sorted(glob.glob(str(pattern)))
+    if kind == "cpu":
+        return [str(root / "bindings.cpp")] + sorted(glob.glob(str(root / "cpu" / "*.cpp")))
+    return [str(root / "bindings.cpp"), str(root / "bindings_cuda.cpp")] + sorted(glob.glob(str(root / "*" / "*.cu")))
 
 
 def define_flags(kind: str) -> list[str]:
-    """The define that selects bindings.cpp's section for a half."""
+    """The define that selects bindings.cpp's section for a half (bindings_cuda.cpp requires it)."""
     return ["-DFASTENC_WITH_CUDA"] if _half(kind).kind == "cuda" else []
 
 

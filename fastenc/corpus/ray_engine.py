@@ -1,7 +1,10 @@
-"""The corpus job on Ray Data: files are read by Ray tasks (one per input file, with the same readers, row ids and
-bad-row policy as the in-process job), embedded by `map_batches` over a pool of actors that each load the model
-once, and streamed back to the driver, which writes the same shards + manifest layout as the in-process job
-(`<out>.parquet/part-*.parquet`, renamed from `<out>.parquet.partial` when whole).
+"""The corpus job on Ray Data: each input file is split into blocks of `window` consecutive rows (one pass over it
+on the driver, readers.split_source), the blocks are read by Ray tasks (with the same readers, row ids and bad-row
+policy as the in-process job), embedded by `map_batches` over a pool of actors that each load the model once (so
+the actors share even a single big file), and streamed back to the driver in input order, which writes the same
+shards + manifest layout as the in-process job (`<out>.parquet/part-*.parquet`, renamed from
+`<out>.parquet.partial` when whole). The driver reads the model's settings (pooling, normalize, max length, width)
+from the folder's config files; it never loads the weights.
 
 Ray is an optional extra (`pip install -e ".[ray]"`), imported only here. On a cluster, start Ray there
 (`ray start --head` / workers) and pass address="auto" (or the head's address); the model folder must be readable
@@ -9,6 +12,7 @@ at the same path on every node. Each actor gets cpus/actors CPU threads (or `gpu
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -19,7 +23,7 @@ import numpy as np
 
 from fastenc.corpus import writers
 from fastenc.corpus.job import EmbedInterrupted, Options, Summary, default_model_path, embed_ids, tokenize
-from fastenc.corpus.readers import BadRowError, Source, check_fields, iter_records, resolve_sources
+from fastenc.corpus.readers import BadRowError, Block, Source, check_fields, iter_block, resolve_sources, split_source
 
 
 def _import_ray():
@@ -31,11 +35,12 @@ def _import_ray():
     return ray
 
 
-def _read_source(item: dict[str, Any], text_field: str, id_field: str | None, on_bad: str) -> list[dict[str, Any]]:
-    """All rows of one input file as dicts (id, text, bad): runs in a Ray task."""
-    src = Source(Path(item["path"]), item["fmt"], item["prefix"])
+def _read_block(item: dict[str, Any], text_field: str, id_field: str | None, on_bad: str) -> list[dict[str, Any]]:
+    """The rows of one block of an input file as dicts (id, text, bad, source, row): runs in a Ray task."""
+    block = Block(Source(Path(item["path"]), item["fmt"], item["prefix"]), item["offset"], item["first_row"],
+                  item["rows"])
     rows = []
-    for r in iter_records([src], text_field, id_field, on_bad):
+    for r in iter_block(block, text_field, id_field, on_bad):
         rows.append({"id": str(r.id) if item["str_ids"] else int(r.id), "text": r.text or "",
                      "bad": r.bad, "source": r.source, "row": r.row})
     return rows
@@ -109,6 +114,8 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
     folder = Path(model) if model is not None else default_model_path()
     if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
         raise ValueError("embed: engine='ray' loads the model in each actor: model must be a model folder path")
+    settings = folder_settings(folder, opts)  # what the actors will use; before Ray starts, as the blocks
+    blocks = [b for s in sources for b in split_source(s, opts.window)]  # window rows each, as the local windows
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
@@ -116,21 +123,53 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
                  **({} if address else {"num_cpus": os.cpu_count()}))
         started = True
     try:
-        return _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts, time.perf_counter())
+        return _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
+                    time.perf_counter())
     finally:
         if started:
             ray.shutdown()
 
 
-def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts, t0) -> Summary:
+def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
+    """(pooling, normalize, max_length, hidden) the job uses with the model in `folder`, as resolve_options gives
+    them for the loaded model, from config.json and the sentence-transformers files alone: the encoder is built on
+    the meta device (no weights read, no memory) only to read its defaults."""
+    import torch
+
+    from fastenc.corpus.job import resolve_options
+    from fastenc.models import architecture
+
+    cfg_file = folder / "config.json"
+    try:
+        d = json.loads(cfg_file.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"embed: model folder {str(folder)!r} has no config.json") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"embed: {str(cfg_file)!r} is not a readable JSON config: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"embed: {str(cfg_file)!r} must hold a JSON object, got {type(d).__name__}")
+    name = (d.get("architectures") or [None])[0]
+    heads, encoders = architecture.hf_classes(), architecture.encoder_classes()
+    arch = heads[name][0] if name in heads else encoders.get(name, d.get("model_type") if name is None else None)
+    if arch not in architecture.architectures():
+        raise ValueError(f"embed: {str(cfg_file)!r} describes {name or d.get('model_type')!r}, not a supported "
+                         f"architecture ({', '.join(architecture.architectures())})")
+    spec = architecture.get(arch)
+    if spec.modality != "text":
+        raise ValueError(f"embed: the corpus job embeds text; {str(folder)!r} holds a {arch} ({spec.modality}) model")
+    cfg = spec.config.from_dict(d, **spec.overrides("base", False))
+    with torch.device("meta"):
+        probe = spec.model_class("base")(cfg)
+    probe.load_tokenizer(folder)
+    pooling, normalize, max_length = resolve_options(probe, opts)
+    return pooling, normalize, max_length, int(cfg.hidden_size)
+
+
+def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
+         t0) -> Summary:
     import ray.data
 
-    from fastenc.corpus.job import load_model, resolve_options
-
-    probe, _ = load_model(folder, device="cpu")  # settings the actors will use, resolved once for the manifest
-    pooling, normalize, max_length = resolve_options(probe, opts)
-    hidden = int(probe.config.hidden_size)
-    del probe
+    pooling, normalize, max_length, hidden = settings
     str_ids = bool(opts.id_field) or any(s.prefix for s in sources)
     params = {"engine": "ray", "inputs": [str(s.path) for s in sources], "model": str(folder.resolve()),
               "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
@@ -140,25 +179,32 @@ def _run(ray, sources, out, folder, actors, gpus_per_actor, device, dtype, overw
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the job prints its own summary
+    ctx.execution_options.preserve_order = True  # shards in input order, as the in-process job writes them
     cpus = float(ray.cluster_resources().get("CPU", 1))
     threads = max(1, int(cpus) // actors) if not gpus_per_actor else 1
     # Logical CPUs: the reading tasks keep 0.5 of them (Ray would otherwise hold them back behind the actors,
     # which take the rest); each actor runs `threads` torch threads whatever its logical share.
     actor_cpus = max(0.25, (cpus - 0.5) / actors)
-    items = [{"path": str(s.path), "fmt": s.fmt, "prefix": s.prefix, "str_ids": str_ids} for s in sources]
-    ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
-        _read_source, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad},
-        num_cpus=0.25)
-    opt_dict = {k: getattr(opts, k) for k in ("pooling", "normalize", "max_length", "max_batch_tokens",
-                                               "max_batch_size", "window", "text_field", "id_field", "on_bad")}
-    ds = ds.map_batches(_Embedder, batch_size=opts.window, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=actors),
-                        fn_constructor_kwargs={"folder": str(folder), "device": device,
-                                               "dtype": str(dtype).replace("torch.", "") if dtype else None,
-                                               "threads": threads, "opts": opt_dict},
-                        num_cpus=0 if gpus_per_actor else actor_cpus, num_gpus=gpus_per_actor or None)
+    items = [{"path": str(b.source.path), "fmt": b.source.fmt, "prefix": b.source.prefix, "offset": b.offset,
+              "first_row": b.first_row, "rows": b.rows, "str_ids": str_ids} for b in blocks]
+    opt_dict = {k: getattr(opts, k) for k in ("max_batch_tokens", "max_batch_size", "window", "text_field",
+                                               "id_field", "on_bad")}
+    opt_dict.update(pooling=pooling, normalize=normalize, max_length=max_length)  # the manifest's settings
+    batches = []
+    if items:
+        ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
+            _read_block, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad},
+            num_cpus=0.25)
+        ds = ds.map_batches(_Embedder, batch_size=opts.window, batch_format="pyarrow",
+                            compute=ray.data.ActorPoolStrategy(size=actors),
+                            fn_constructor_kwargs={"folder": str(folder), "device": device,
+                                                   "dtype": str(dtype).replace("torch.", "") if dtype else None,
+                                                   "threads": threads, "opts": opt_dict},
+                            num_cpus=0 if gpus_per_actor else actor_cpus, num_gpus=gpus_per_actor or None)
+        batches = ds.iter_batches(batch_size=opts.window, batch_format="pyarrow")
     summary = Summary()
     try:
-        for table in ds.iter_batches(batch_size=opts.window, batch_format="pyarrow"):
+        for table in batches:
             bad = np.array([bool(b) for b in table.column("bad").to_pylist()])
             keep = ~bad
             emb = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)

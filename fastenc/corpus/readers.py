@@ -8,12 +8,17 @@ use this scheme, so their outputs can be compared row by row.
 
 Bad rows (empty text, a text field that is not a string or is missing, undecodable bytes, an unparsable line) are
 skipped and counted, or raise an error naming the file and row, by the `on_bad` policy.
+
+Blocks (the Ray engine): one file split into runs of consecutive data rows that separate workers read; each block
+yields exactly the records (ids, row numbers, bad-row reasons and errors) the whole-file reader gives for its rows.
 """
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,72 +148,97 @@ def _text_stream(src: Source):
     return open(src.path, encoding="utf-8", errors="surrogateescape", newline="")
 
 
+def _line_rows(lines: Iterable[str], fmt: str, text_field: str, id_field: str | None):
+    """(id or None, text value, why-bad) per line of a .txt or .jsonl source."""
+    if fmt == ".txt":
+        for line in lines:
+            yield None, line.rstrip("\r\n"), ""
+        return
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            yield None, None, "not a JSON object"
+            continue
+        if not isinstance(obj, dict):
+            yield None, None, "not a JSON object"
+        elif text_field not in obj:
+            yield None, None, f"no field {text_field!r}"
+        else:
+            yield obj.get(id_field) if id_field else None, obj[text_field], ""
+
+
+def _csv_rows(reader: Iterable[dict], text_field: str, id_field: str | None):
+    for row in reader:
+        if row.get(text_field) is None:
+            yield None, None, f"no field {text_field!r}"
+        else:
+            yield row.get(id_field) if id_field else None, row[text_field], ""
+
+
+def _parquet_columns(text_field: str, id_field: str | None) -> list[str]:
+    return [text_field] + ([id_field] if id_field and id_field != text_field else [])
+
+
+def _parquet_rows(batches, text_field: str, id_field: str | None):
+    for batch in batches:
+        texts = batch.column(text_field).to_pylist()
+        ids = batch.column(id_field).to_pylist() if id_field else [None] * len(texts)
+        yield from ((i, t, "") for i, t in zip(ids, texts))
+
+
 def _rows(src: Source, text_field: str, id_field: str | None) -> Iterator[tuple[Any, Any, str]]:
     """(id or None, text value, why-bad) per data row."""
-    if src.fmt == ".txt":
+    if src.fmt in (".txt", ".jsonl"):
         with _text_stream(src) as fh:
-            for line in fh:
-                yield None, line.rstrip("\r\n"), ""
-    elif src.fmt == ".jsonl":
-        with _text_stream(src) as fh:
-            for line in fh:
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    yield None, None, "not a JSON object"
-                    continue
-                if not isinstance(obj, dict):
-                    yield None, None, "not a JSON object"
-                elif text_field not in obj:
-                    yield None, None, f"no field {text_field!r}"
-                else:
-                    yield obj.get(id_field) if id_field else None, obj[text_field], ""
+            yield from _line_rows(fh, src.fmt, text_field, id_field)
     elif src.fmt == ".csv":
         with _text_stream(src) as fh:
-            for row in csv.DictReader(fh):
-                if row.get(text_field) is None:
-                    yield None, None, f"no field {text_field!r}"
-                else:
-                    yield row.get(id_field) if id_field else None, row[text_field], ""
+            yield from _csv_rows(csv.DictReader(fh), text_field, id_field)
     else:
-        pq = parquet()
-        cols = [text_field] + ([id_field] if id_field and id_field != text_field else [])
-        for batch in pq.ParquetFile(src.path).iter_batches(columns=cols, batch_size=4096):
-            texts = batch.column(text_field).to_pylist()
-            ids = batch.column(id_field).to_pylist() if id_field else [None] * len(texts)
-            for i, t in zip(ids, texts):
-                yield i, t, ""
+        batches = parquet().ParquetFile(src.path).iter_batches(columns=_parquet_columns(text_field, id_field),
+                                                               batch_size=4096)
+        yield from _parquet_rows(batches, text_field, id_field)
+
+
+def _checked(src: Source, rows: Iterable[tuple[Any, Any, str]], first_row: int, text_field: str,
+             id_field: str | None, on_bad: str) -> Iterator[Record]:
+    """Records of `rows` (the data rows of `src` from row `first_row` on): the bad-row policy and the row ids."""
+    name = "<stdin>" if src.path is None else str(src.path)
+    for row, (rid, text, why) in enumerate(rows, first_row):
+        if not why:
+            if not isinstance(text, str):
+                why = f"field {text_field!r} is {type(text).__name__}, not a string"
+            elif _undecodable(text):
+                why = "undecodable bytes (not UTF-8)"
+            elif not text.strip():
+                why = "empty text"
+            elif id_field is not None and rid is None:
+                why = f"no id in field {id_field!r}"
+        if why and on_bad == "error":
+            raise BadRowError(f"embed: bad row {row} of {name}: {why} (use on_bad='skip' / --on-bad skip to "
+                              "skip such rows)")
+        ident = str(rid) if id_field is not None and rid is not None else (f"{src.prefix}{row}" if src.prefix else row)
+        yield Record(ident, None if why else text, name, row, why)
+
+
+def _check_on_bad(on_bad: str) -> None:
+    if on_bad not in ("skip", "error"):
+        raise ValueError(f"embed: on_bad must be 'skip' or 'error', got {on_bad!r}")
 
 
 def iter_records(sources: list[Source], text_field: str = "text", id_field: str | None = None,
                  on_bad: str = "error") -> Iterator[Record]:
     """Every row of every source in order; bad rows come out with text=None and the reason (on_bad='skip') or
     raise BadRowError naming the file and row (on_bad='error')."""
-    if on_bad not in ("skip", "error"):
-        raise ValueError(f"embed: on_bad must be 'skip' or 'error', got {on_bad!r}")
+    _check_on_bad(on_bad)
     for src in sources:
-        name = "<stdin>" if src.path is None else str(src.path)
-        for row, (rid, text, why) in enumerate(_rows(src, text_field, id_field)):
-            if not why:
-                if not isinstance(text, str):
-                    why = f"field {text_field!r} is {type(text).__name__}, not a string"
-                elif _undecodable(text):
-                    why = "undecodable bytes (not UTF-8)"
-                elif not text.strip():
-                    why = "empty text"
-                elif id_field is not None and rid is None:
-                    why = f"no id in field {id_field!r}"
-            if why and on_bad == "error":
-                raise BadRowError(f"embed: bad row {row} of {name}: {why} (use on_bad='skip' / --on-bad skip to "
-                                  "skip such rows)")
-            ident = str(rid) if id_field is not None and rid is not None else (f"{src.prefix}{row}" if src.prefix else row)
-            yield Record(ident, None if why else text, name, row, why)
+        yield from _checked(src, _rows(src, text_field, id_field), 0, text_field, id_field, on_bad)
 
 
 def iter_texts(texts: Iterable[str], on_bad: str = "error") -> Iterator[Record]:
     """Records of an in-memory iterable of strings (ids = positions)."""
-    if on_bad not in ("skip", "error"):
-        raise ValueError(f"embed: on_bad must be 'skip' or 'error', got {on_bad!r}")
+    _check_on_bad(on_bad)
     for row, text in enumerate(texts):
         why = ""
         if not isinstance(text, str):
@@ -220,3 +250,126 @@ def iter_texts(texts: Iterable[str], on_bad: str = "error") -> Iterator[Record]:
         if why and on_bad == "error":
             raise BadRowError(f"embed: bad text at position {row}: {why} (use on_bad='skip' to skip such rows)")
         yield Record(row, None if why else text, "<texts>", row, why)
+
+
+# ---------------------------------------------------------------- blocks of one file
+# One pass over the file finds where every rows_per_block-th data row starts: a byte offset for txt, jsonl and csv
+# (lines split as a text file opened with newline="" splits them; a csv record may span lines, so csv is parsed
+# for it), a row number for parquet (whose block reads only the row groups it overlaps).
+
+@dataclass(frozen=True)
+class Block:
+    source: Source
+    offset: int      # byte offset of the block's first data row (txt, jsonl, csv; 0 for parquet)
+    first_row: int   # 0-based number of that row within the file (as Record.row)
+    rows: int        # data rows in the block
+
+
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+def _raw_lines(fh) -> Iterator[bytes]:
+    """Lines of a binary file where a text file opened with newline="" ends them: after \\n, \\r\\n or a lone \\r
+    (terminators kept, so their lengths add up to byte offsets)."""
+    for line in fh:  # ends after b"\n" only
+        cr = line.count(b"\r")
+        if cr == 0 or (cr == 1 and line.endswith(b"\r\n")):
+            yield line
+        else:
+            yield from _LINE.findall(line)
+
+
+def _decoded(lines: Iterable[bytes]) -> Iterator[str]:
+    # \r and \n never occur inside a UTF-8 sequence, so decoding line by line equals decoding the stream
+    return (line.decode("utf-8", "surrogateescape") for line in lines)
+
+
+def split_source(src: Source, rows_per_block: int) -> list[Block]:
+    """Blocks of `rows_per_block` consecutive data rows (the last of a file, or of a parquet row group, may be
+    shorter) covering the file of `src`, in order; none for a file without data rows."""
+    if src.path is None:
+        raise ValueError("embed: standard input cannot be split into blocks")
+    if not isinstance(rows_per_block, int) or isinstance(rows_per_block, bool) or rows_per_block < 1:
+        raise ValueError(f"embed: rows_per_block must be a positive int, got {rows_per_block!r}")
+    if src.fmt == ".parquet":
+        meta = parquet().ParquetFile(src.path).metadata
+        blocks, start = [], 0
+        for g in range(meta.num_row_groups):
+            n = meta.row_group(g).num_rows
+            blocks += [Block(src, 0, start + k, min(rows_per_block, n - k)) for k in range(0, n, rows_per_block)]
+            start += n
+        return blocks
+    starts: list[tuple[int, int]] = []  # (offset, row) of each block's first row
+    with open(src.path, "rb") as fh:
+        if src.fmt == ".csv":
+            consumed = [0]
+
+            def lines():
+                for line in _raw_lines(fh):
+                    consumed[0] += len(line)
+                    yield line.decode("utf-8", "surrogateescape")
+
+            before, total = 0, 0  # the parser stops at a record's last line: `before` is where the next one starts
+            for total, _ in enumerate(csv.DictReader(lines()), 1):
+                if (total - 1) % rows_per_block == 0:
+                    starts.append((before, total - 1))
+                before = consumed[0]
+        else:
+            offset, total = 0, 0
+            for total, line in enumerate(_raw_lines(fh), 1):
+                if (total - 1) % rows_per_block == 0:
+                    starts.append((offset, total - 1))
+                offset += len(line)
+    ends = [row for _, row in starts[1:]] + [total]
+    return [Block(src, off, row, end - row) for (off, row), end in zip(starts, ends)]
+
+
+def _parquet_slice(path: Path, first: int, n: int, columns: list[str]):
+    """Record batches of rows [first, first + n) of a parquet file, reading only the row groups they lie in."""
+    f = parquet().ParquetFile(path)
+    groups, start, skip = [], 0, 0
+    for g in range(f.metadata.num_row_groups):
+        k = f.metadata.row_group(g).num_rows
+        if start < first + n and start + k > first:
+            if not groups:
+                skip = first - start
+            groups.append(g)
+        start += k
+    if not groups:
+        return
+    for batch in f.iter_batches(row_groups=groups, columns=columns, batch_size=4096):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        batch = batch.slice(skip, n)
+        skip, n = 0, n - batch.num_rows
+        yield batch
+        if n <= 0:
+            return
+
+
+def _block_rows(block: Block, text_field: str, id_field: str | None) -> Iterator[tuple[Any, Any, str]]:
+    src = block.source
+    if src.fmt == ".parquet":
+        batches = _parquet_slice(src.path, block.first_row, block.rows, _parquet_columns(text_field, id_field))
+        yield from _parquet_rows(batches, text_field, id_field)
+        return
+    with open(src.path, "rb") as fh:
+        if src.fmt == ".csv":
+            # a later block is read with the header's field names, as csv.DictReader reads it (its first record)
+            header = next(csv.reader(_decoded(_raw_lines(fh))), None) if block.first_row else None
+            fh.seek(block.offset)
+            reader = csv.DictReader(_decoded(_raw_lines(fh)), fieldnames=header)
+            yield from itertools.islice(_csv_rows(reader, text_field, id_field), block.rows)
+        else:
+            fh.seek(block.offset)
+            lines = _decoded(_raw_lines(fh))
+            yield from itertools.islice(_line_rows(lines, src.fmt, text_field, id_field), block.rows)
+
+
+def iter_block(block: Block, text_field: str = "text", id_field: str | None = None,
+               on_bad: str = "error") -> Iterator[Record]:
+    """The records of one block: those iter_records gives for rows first_row .. first_row + rows - 1 of its file."""
+    _check_on_bad(on_bad)
+    yield from _checked(block.source, _block_rows(block, text_field, id_field), block.first_row, text_field,
+                        id_field, on_bad)

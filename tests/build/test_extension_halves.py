@@ -30,9 +30,13 @@ def fresh_cuda_half(monkeypatch):
 
 def test_sources_split_by_half():
     cpu, cuda = extension.sources("cpu"), extension.sources("cuda")
-    assert Path(cpu[0]).name == Path(cuda[0]).name == "bindings.cpp"
+    assert Path(cpu[0]).name == Path(cuda[0]).name == "bindings.cpp" and Path(cuda[1]).name == "bindings_cuda.cpp"
     assert cpu[1:] and all(Path(s).parent.name == "cpu" and s.endswith(".cpp") for s in cpu[1:])
-    assert cuda[1:] and all(s.endswith(".cu") for s in cuda[1:])
+    assert cuda[2:] and all(s.endswith(".cu") for s in cuda[2:])
+    # the cpu half compiles no CUDA code: bindings.cpp keeps none (its cuda half only calls bind_cuda)
+    root = extension.csrc_dir()
+    assert not any("bindings_cuda" in s for s in cpu)
+    assert not any(w in (root / "bindings.cpp").read_text() for w in ("cuda_launchers.h", "c10/cuda", "fastenc_cuda::"))
     assert extension.define_flags("cpu") == [] and extension.define_flags("cuda") == ["-DFASTENC_WITH_CUDA"]
     with pytest.raises(ValueError, match="half must be one of \\['cpu', 'cuda'\\], got 'tpu'"):
         extension.sources("tpu")
@@ -134,7 +138,9 @@ def test_setup_declares_two_extensions(monkeypatch):
     cpu, cuda = setup_py.extensions(cuda=True)
     assert (cpu.name, cuda.name) == ("fastenc._C", "fastenc._C_cuda")
     assert not any(s.endswith(".cu") for s in cpu.sources) and "csrc/bindings.cpp" in cpu.sources
-    assert all(s.endswith(".cu") for s in cuda.sources[1:]) and cuda.sources[0] == "csrc/bindings.cpp"
+    assert "csrc/bindings_cuda.cpp" not in cpu.sources
+    assert cuda.sources[:2] == ["csrc/bindings.cpp", "csrc/bindings_cuda.cpp"]
+    assert all(s.endswith(".cu") for s in cuda.sources[2:])
     assert "-DFASTENC_WITH_CUDA" in cuda.extra_compile_args["cxx"]
     assert "-DFASTENC_WITH_CUDA" not in cpu.extra_compile_args["cxx"]
 

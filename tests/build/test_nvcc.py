@@ -1,6 +1,7 @@
 """Every csrc/**/*.cu compiles with nvcc for sm_80 and sm_90 (sm_90a too where a file uses wgmma) without
 register spills; ptxas's registers / shared memory / spills per kernel are printed as a table at the end.
-The CUDA section of csrc/bindings.cpp is syntax-checked against torch's headers. Needs nvcc, not a GPU.
+The cuda half's host sources (csrc/bindings.cpp with FASTENC_WITH_CUDA, csrc/bindings_cuda.cpp) are syntax-checked
+against torch's headers. Needs nvcc, not a GPU.
 """
 from __future__ import annotations
 
@@ -111,8 +112,12 @@ def compile_one(src: str, arch: str, outdir: str) -> Result:
     return Result(src, arch, rc, log, parse_ptxas(log))
 
 
-def bindings_syntax_check() -> Result:
-    """g++ -fsyntax-only of bindings.cpp with FASTENC_WITH_CUDA against torch's (CPU build) headers and nvcc's."""
+HOST_SOURCES = ("bindings.cpp", "bindings_cuda.cpp")  # the cuda half's host-compiled translation units
+
+
+def bindings_syntax_check(src: str) -> Result:
+    """g++ -fsyntax-only of one of the cuda half's host sources with FASTENC_WITH_CUDA against torch's (CPU build)
+    headers and nvcc's."""
     from torch.utils.cpp_extension import include_paths
 
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), str(Path(NVCC).resolve().parents[1]),
@@ -122,12 +127,12 @@ def bindings_syntax_check() -> Result:
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-fsyntax-only", "-w", "-DFASTENC_WITH_CUDA",
            "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_EXTENSION_NAME=fastenc_ext",
            *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}", f"-I{cuda_inc}",
-           f"-I{CSRC}", f"-I{CSRC / 'common'}", str(CSRC / "bindings.cpp")]
+           f"-I{CSRC}", f"-I{CSRC / 'common'}", str(CSRC / src)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-        return Result("bindings.cpp", "host", p.returncode, p.stdout + p.stderr)
+        return Result(src, "host", p.returncode, p.stdout + p.stderr)
     except (subprocess.TimeoutExpired, FileNotFoundError) as e:
-        return Result("bindings.cpp", "host", -1, str(e))
+        return Result(src, "host", -1, str(e))
 
 
 def _demangle(names: list[str]) -> dict[str, str]:
@@ -149,9 +154,8 @@ def compiled(write_table):
     jobs = [(s, a) for s in SOURCES for a in archs_for(s)]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(compile_one, s, a, tmp) for s, a in jobs]
-        host = pool.submit(bindings_syntax_check)
-        results = {(f.result().src, f.result().arch): f.result() for f in futures}
-        results[("bindings.cpp", "host")] = host.result()
+        hosts = [pool.submit(bindings_syntax_check, s) for s in HOST_SOURCES]
+        results = {(f.result().src, f.result().arch): f.result() for f in futures + hosts}
     yield results
     kernels = [k for r in results.values() for k in r.kernels]
     names = _demangle(sorted({k.name for k in kernels}))
@@ -184,9 +188,10 @@ def test_cu_compiles_without_spills(compiled, src, record_property):
             record_property(f"{arch}:{k.name}", f"regs={k.registers} smem={k.smem} stack={k.stack}")
 
 
-def test_bindings_cuda_section_parses(compiled):
-    r = compiled[("bindings.cpp", "host")]
-    assert r.returncode == 0, f"bindings.cpp with FASTENC_WITH_CUDA does not parse:\n{r.log[-4000:]}"
+@pytest.mark.parametrize("src", HOST_SOURCES)
+def test_bindings_cuda_half_parses(compiled, src):
+    r = compiled[(src, "host")]
+    assert r.returncode == 0, f"{src} with FASTENC_WITH_CUDA does not parse:\n{r.log[-4000:]}"
 
 
 def test_parse_ptxas_reads_spills():

@@ -34,9 +34,32 @@ def test_ray_matches_local_job(tmp_path, texts, ray_local):
     assert s.tokens == local.tokens and s.truncated == local.truncated
     ids_l, emb_l = _table(tmp_path / "local.parquet")
     ids_r, emb_r = _table(tmp_path / "ray.parquet")
-    assert sorted(ids_r) == sorted(ids_l) == sorted([f"a.txt:{i}" for i in range(23)] + [f"b.jsonl:{i}" for i in range(17)])
-    by_id = dict(zip(ids_l, emb_l))
-    np.testing.assert_allclose(emb_r, np.stack([by_id[i] for i in ids_r]), atol=2e-6, rtol=0)
+    # each file is read in blocks of 16 rows; the output keeps the input order
+    assert ids_r == ids_l == [f"a.txt:{i}" for i in range(23)] + [f"b.jsonl:{i}" for i in range(17)]
+    np.testing.assert_allclose(emb_r, emb_l, atol=2e-6, rtol=0)
+
+
+def _shard_rows(out):
+    return [s["rows_read"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
+
+
+def test_ray_two_actors_share_one_file(tmp_path, texts, ray_local):
+    """One file in blocks of 8 rows over two actors: the same ids, embeddings, shards and bad rows as in process."""
+    lines = texts[:37] + [""] + texts[37:]  # a bad row (37) in the fifth block
+    path = tmp_path / "one.txt"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BadRowError, match=r"bad row 37 of .*one.txt: empty text"):
+        fastenc.embed(str(path), out=tmp_path / "err.parquet", engine="ray", actors=2, window=8)
+    kw = dict(window=8, on_bad="skip")
+    local = fastenc.embed(str(path), out=tmp_path / "local.parquet", **kw)
+    s = fastenc.embed(str(path), out=tmp_path / "ray.parquet", engine="ray", actors=2, **kw)
+    assert (s.texts, s.skipped, s.tokens, s.truncated) == (local.texts, 1, local.tokens, local.truncated)
+    assert s.texts == len(texts) and s.bad == local.bad == [(str(path), 37, "empty text")]
+    ids_l, emb_l = _table(tmp_path / "local.parquet")
+    ids_r, emb_r = _table(tmp_path / "ray.parquet")
+    assert ids_r == ids_l == [i for i in range(len(lines)) if i != 37]
+    np.testing.assert_allclose(emb_r, emb_l, atol=2e-6, rtol=0)
+    assert _shard_rows(tmp_path / "ray.parquet") == _shard_rows(tmp_path / "local.parquet") == [8] * 7 + [5]
 
 
 def test_ray_bad_rows(tmp_path, ray_local):
