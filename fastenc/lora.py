@@ -465,7 +465,8 @@ class LoraMixin:
         q_proj/k_proj/v_proj/o_proj/fc1/fc2; a list entry matches a name ending in it, a str is a full-match regex).
         A (r, in): Kaiming-uniform (a=sqrt(5)); B (out, r): zeros; scale lora_alpha / r (use_rslora: / sqrt(r)).
         lora_dropout: on the adapter's input, train mode only. modules_to_save: Linear layers trained as full
-        copies (None: the classifier for sequence/token classification models, as PEFT's SEQ_CLS/TOKEN_CLS).
+        copies (None: the classifier for sequence/token classification models, qa_outputs for question
+        answering, as PEFT's SEQ_CLS / TOKEN_CLS / QUESTION_ANS).
         Afterwards only this adapter's tensors require grad (every base parameter is frozen) and it is active.
         Returns the adapter name. Raises before any change on bad input (unknown target, r < 1, lora_alpha <= 0,
         a used adapter_name).

@@ -31,9 +31,12 @@ from fastenc import ops
 from fastenc.layers.linear import Linear
 
 _PART_KEYS = ("q", "k", "v")  # the thirds of a fused Wqkv; "w" = the whole output
-# PEFT's task types whose head is saved (modules_to_save) by default, by fastenc task.
-TASK_TYPES = {"sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS"}
-HEAD_MODULES = ("classifier", "score")
+# PEFT's task types whose head is saved (modules_to_save) by default, by fastenc task, and the module names each
+# adds to modules_to_save (PeftModelForSequenceClassification / ...TokenClassification / ...QuestionAnswering).
+TASK_TYPES = {"sequence_classification": "SEQ_CLS", "token_classification": "TOKEN_CLS",
+              "question_answering": "QUESTION_ANS"}
+HEAD_MODULES = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
+                "QUESTION_ANS": ("qa_outputs",)}
 
 
 class LoraAdapter(nn.Module):
@@ -215,6 +218,12 @@ def _matches(name: str, target) -> bool:
     return any(name == t or name.endswith("." + t) for t in target)
 
 
+def _saved(name: str, saves) -> bool:
+    """Whether PEFT's modules_to_save `saves` take the linear `name`: a plain suffix of its name ("classifier" takes
+    DeiT's cls_classifier and distillation_classifier) or a module holding it."""
+    return any(name.endswith(t) or f".{t}." in f".{name}." for t in saves)
+
+
 def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=("query", "value"), lora_dropout: float = 0.0,
              adapter_name: str = "default", modules_to_save=None, use_rslora: bool = False) -> str:
     """See LoraMixin.add_lora. Validates everything, builds every tensor, then attaches (nothing half-applied)."""
@@ -228,11 +237,11 @@ def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=("query",
     linears = _hf_linears(model)
     task_type = TASK_TYPES.get(model.task)
     saves = list(modules_to_save) if modules_to_save is not None else []
-    if task_type is not None:  # PEFT's SEQ_CLS / TOKEN_CLS add the head to modules_to_save
-        saves += [h for h in HEAD_MODULES if h not in saves]
+    if task_type is not None:  # PEFT's SEQ_CLS / TOKEN_CLS / QUESTION_ANS add the head to modules_to_save
+        saves += [h for h in HEAD_MODULES[task_type] if h not in saves]
     # (PEFT matches modules_to_save by plain suffix: "classifier" also takes DistilBERT's pre_classifier; and it
     # saves a whole module: the Linears inside RoBERTa's / ELECTRA's two-layer classifier)
-    save_hits = [n for n in linears if any(n.endswith(t) or f".{t}." in f".{n}." for t in saves)]
+    save_hits = [n for n in linears if _saved(n, saves)]
     targets = [n for n in linears if _matches(n, target_modules) and n not in save_hits]
     unknown = ([] if isinstance(target_modules, str) else
                [t for t in target_modules if not any(_matches(n, [t]) for n in linears)])
@@ -240,7 +249,7 @@ def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=("query",
         raise ValueError(f"add_lora: target_modules {unknown or target_modules!r} match no linear layer of "
                          f"{type(model).__name__} ({model.config.model_type}); its linear layers are named like "
                          f"{linears[:2] + linears[-2:]}")
-    missing_saves = [s for s in (modules_to_save or []) if not any(_matches(n, [s]) for n in linears)]
+    missing_saves = [s for s in (modules_to_save or []) if not any(_saved(n, [s]) for n in linears)]
     if missing_saves:
         raise ValueError(f"add_lora: modules_to_save {missing_saves} match no linear layer of "
                          f"{type(model).__name__}; its linear layers are named like {linears[-3:]}")

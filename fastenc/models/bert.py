@@ -146,22 +146,22 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         batch, ids, pos = pack_text(input_ids, mask)
         if types is not None:
             types = types.to(input_ids.device)
-        grid = self._position_ids(input_ids, batch)  # (None: each token's column)
-        x = self.embeddings(ids, pos if grid is None else batch.gather(grid),
-                            None if types is None else batch.gather(types))
         rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        if rows is not None:
+            cols = torch.zeros_like(rows) if cols is None else cols
+        at, at_queries = self._positions(input_ids, batch, ids, pos, rows, cols)
+        x = self.embeddings(ids, at, None if types is None else batch.gather(types))
         xg = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
-            cols = torch.zeros_like(rows) if cols is None else cols
-            xg = self.embeddings(input_ids[rows, cols], cols if grid is None else grid[rows, cols],
-                                 None if types is None else types[rows, cols])
+            xg = self.embeddings(input_ids[rows, cols], at_queries, None if types is None else types[rows, cols])
         return run_blocks(self.layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded)
 
-    def _position_ids(self, input_ids: torch.Tensor, batch) -> torch.Tensor | None:
-        """Position ids on the padded (batch, seq) grid for the position embedding, or None for BERT's: each
-        token's column. An architecture with other positions (RoBERTa) overrides this; `batch` (the PackedBatch)
-        gives the real tokens for its checks."""
-        return None
+    def _positions(self, input_ids, batch, ids, pos, rows, cols):
+        """Position ids (packed tokens (total,), padded queries (n,) or None) for the position embedding: BERT's
+        are each token's column (pos, cols). An architecture with other positions (RoBERTa) overrides this; it gets
+        the padded ids (batch, seq), the PackedBatch, the packed ids and columns and the padded queries' (rows,
+        cols) (None when there is none)."""
+        return pos, cols
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """tanh(dense(first token)): hidden (batch, seq, hidden) -> (batch, hidden). The first token is each

@@ -64,7 +64,8 @@ def _project(wqkv, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 
 def column_attention(attn, xq: torch.Tensor, q_rows: torch.Tensor, q_cols: torch.Tensor, x: torch.Tensor,
                      cu_seqlens: torch.Tensor, k_cols: torch.Tensor, window: tuple[int, int] | None = None,
-                     rope: tuple[torch.Tensor, torch.Tensor] | None = None, budget: int = 1 << 25) -> torch.Tensor:
+                     rope: tuple[torch.Tensor, torch.Tensor] | None = None, budget: int = 1 << 25,
+                     seq: int | None = None) -> torch.Tensor:
     """Attention output before Wo for queries over the real tokens of their rows, distances in padded columns.
 
     attn: the layer's SelfAttention (its Wqkv, with any unmerged adapter, gives q from xq and k, v from x).
@@ -72,7 +73,10 @@ def column_attention(attn, xq: torch.Tensor, q_rows: torch.Tensor, q_cols: torch
     x: (total, hidden) the packed tokens' inputs to the same layer; cu_seqlens int32 (batch+1,);
     k_cols: (total,) int padded column of each packed token. window: None or (left, right): query at column i
     sees keys at columns i-left..i+right. rope: (cos, sin) tables (positions, head_dim/2) indexed by column.
-    Returns (n, hidden) in x's dtype; a query with no visible key gets zeros. All rows run as one batch:
+    Returns (n, hidden) in x's dtype; a query with no visible key gets zeros, or, with seq (the padded width) when
+    the queries are every padded position of their rows, the mean of v over all seq columns of its row (its real
+    keys and the padded queries themselves): transformers' eager softmax over a row masked everywhere by the finite
+    additive minimum is uniform (scores + finfo.min round to one value). All rows run as one batch:
     keys padded to (rows, longest, heads, head_dim), queries to (rows, most queries of a row, ...), scores in
     query chunks of at most `budget` fp32 elements.
     """
@@ -116,6 +120,7 @@ def column_attention(attn, xq: torch.Tensor, q_rows: torch.Tensor, q_cols: torch
     op = torch.empty(nr, lq, heads, d, dtype=torch.float32, device=dev)
     step = max(1, budget // (nr * heads * lk))
     scale = 1.0 / math.sqrt(d)
+    blind = torch.zeros(nr, lq, dtype=torch.bool, device=dev)  # queries that see no key
     for c in range(0, lq, step):
         s = torch.matmul(qp[:, c:c + step].permute(0, 2, 1, 3), kt) * scale  # (rows, heads, cq, lk)
         seen = kvalid[:, None, :].expand(nr, s.shape[2], lk)
@@ -123,7 +128,12 @@ def column_attention(attn, xq: torch.Tensor, q_rows: torch.Tensor, q_cols: torch
             dist = qc[:, c:c + step, None] - cols[:, None, :]  # query column - key column
             seen = seen & (dist <= window[0]) & (-dist <= window[1])
         s = s.masked_fill(~seen[:, None], float("-inf"))
-        p = torch.softmax(s, dim=-1).masked_fill(~seen.any(-1)[:, None, :, None], 0.0)  # no visible key: zeros
+        blind[:, c:c + step] = ~seen.any(-1)
+        p = torch.softmax(s, dim=-1).masked_fill(blind[:, None, c:c + step, None], 0.0)  # no visible key: zeros
         op[:, c:c + step] = torch.matmul(p, vt).permute(0, 2, 1, 3)
+    if seq is not None and bool(blind.any()):  # uniform weights over the row's seq columns
+        vq = _project(attn.Wqkv, xq, 2 * h, 3 * h).float().reshape(n, heads, d)
+        mean = vp.sum(1).index_add(0, slot, vq) / seq  # (rows, heads, d)
+        op = torch.where(blind[:, :, None, None], mean[:, None], op)
     out[:] = op[slot, rank].reshape(n, h).to(x.dtype)
     return out

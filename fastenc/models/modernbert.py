@@ -110,8 +110,10 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
         padded query's as transformers computes it (it sees the row's real tokens and is no key itself).
         padded=True: first is instead (rows, cols, states (n, hidden)) of every padded position, computed the same
-        way (None without padding; a padded query that sees no real token in a local window gets zeros there,
-        where transformers averages over the whole row).
+        way (None without padding; a padded query that sees no real token in a local window averages v over the
+        whole row, padded columns included, as transformers' eager attention does). With column0 only, a padded
+        column 0 that sees no real token in a local window (64+ columns of left padding) gets zeros there: the
+        other padded columns it would average over are not computed.
 
         Sliding windows are measured in padded columns, as transformers does: rows whose mask has holes (real
         tokens not contiguous) get their local layers' attention recomputed by columns.column_attention."""
@@ -153,7 +155,8 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                 a_bias = None
             if rows is not None:
                 yg = hg if layer.attn_norm is None else layer.attn_norm(hg)
-                og = column_attention(layer.attn, yg, rows, cols, y, batch.cu_seqlens, pos, window, (cos, sin))
+                og = column_attention(layer.attn, yg, rows, cols, y, batch.cu_seqlens, pos, window, (cos, sin),
+                                      seq=length if padded else None)
                 hg = hg + layer.attn.Wo(og)
                 hg = hg + layer.mlp(layer.mlp_norm(hg))
             y, h = layer.mlp_norm(a, residual=h, input_bias=a_bias)

@@ -366,3 +366,23 @@ def test_question_answering_loss_over_padded_columns(arch):
     _close(res.loss, ref.loss)
     m = mask.bool()
     _close(res.end_logits[m], ref.end_logits[m])
+
+
+def test_modernbert_question_answering_loss_with_long_padding():
+    # rows padded by 64+ columns (and a mask with holes): a padded query past the 64-column half window sees no
+    # real token in the local layers, where transformers' eager softmax is uniform over the whole row
+    hf = _make("modernbert", "question_answering")
+    fe = fastenc.from_hf(hf)
+    ids, mask, _ = _hf.text_batch([150, 20, 70, 130], seed=3)
+    holes = mask.clone()
+    holes[3, 10:20] = 0
+    holes[2, 5] = 0
+    sp, ep = torch.tensor([3, 0, 140, 12]), torch.tensor([5, 100, 20, 63])
+    for m in (mask, holes):
+        with torch.no_grad():
+            ref = hf(input_ids=ids, attention_mask=m, start_positions=sp, end_positions=ep)
+            res = fe(ids, m, start_positions=sp, end_positions=ep)
+        _close(res.loss, ref.loss)
+        b = m.bool()
+        _close(res.start_logits[b], ref.start_logits[b])
+        _close(res.end_logits[b], ref.end_logits[b])

@@ -196,3 +196,23 @@ def test_first_step_gradients(task):
     scale = max(float(t.abs().max()) for t in want.values() if t is not None)
     for name, got in grads.items():
         assert _err(got, want[name]) <= 1e-4 * max(float(want[name].abs().max()), 1e-3 * scale), name
+
+
+def test_positions_on_packed_tokens_as_transformers():
+    # the packed path (right padding, no padding) and the grid path (left padding and holes whose padded columns
+    # hold ids other than pad, which transformers counts) against transformers' position ids at the real tokens
+    from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
+    from fastenc.models.base import pack_text
+
+    fe = fastenc.from_hf(_hf.roberta("base", layers=1))
+    ids, mask = _hf.roberta_batch([30, 12, 25], seed=5)
+    ids[0, 7] = ids[0, 20] = ids[2, 0] = 1  # pad ids as real tokens
+    left = mask.flip(1)
+    holes = mask.clone()
+    holes[0, 3:6] = 0
+    for m, pad_ids in ((mask, True), (torch.ones_like(mask), True), (left, False), (holes, False)):
+        x = ids.masked_fill(~m.bool(), 1) if pad_ids else ids.masked_fill(~m.bool(), 7)
+        batch, packed, pos = pack_text(x, m.bool())
+        at, _ = fe._positions(x, batch, packed, pos, None, None)
+        ref = RobertaEmbeddings.create_position_ids_from_input_ids(x, padding_idx=1)
+        assert torch.equal(at, ref[m.bool()])
