@@ -14,6 +14,7 @@
 #include "cpu/attention.h"
 #include "cpu/buffer_cache.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/gemm.h"
 #include "cpu/lora.h"
 #include "cpu/norm_bwd.h"
 
@@ -360,6 +361,50 @@ Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approxi
   return dx.to(x.scalar_type());
 }
 
+// ---------------------------------------------------------------- few-row packed GEMM (cpu)
+// gemm_pack: w (n, k) fp32 -> its panels (csrc/cpu/gemm.cpp). gemm_packed: x (m, k) fp32 (unit column stride) times
+// the packed W^T (+ bias (n,)) -> out (m, n) (unit column stride; a new tensor when not given), out += when accumulate.
+Tensor gemm_pack(const Tensor& w) {
+  check_cpu(w, "weight");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "gemm_pack: weight must be 2-D float32, got ",
+              w.scalar_type(), " ", w.sizes());
+  const Tensor wc = w.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), nw = fastenc_cpu::gemm_panel_width();
+  Tensor out = at::empty({(n + nw - 1) / nw, k, nw}, wc.options());
+  fastenc_cpu::gemm_pack(wc.data_ptr<float>(), n, k, out.data_ptr<float>());
+  return out;
+}
+
+Tensor gemm_packed(const Tensor& x, const Tensor& packed, int64_t n, const OptTensor& bias, const OptTensor& out,
+                   bool accumulate) {
+  check_cpu(x, "x");
+  check_cpu(packed, "packed");
+  const int64_t nw = fastenc_cpu::gemm_panel_width();
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && (x.stride(1) == 1 || x.size(1) <= 1),
+              "gemm_packed: x must be 2-D float32 with unit column stride, got ", x.scalar_type(), " ", x.sizes());
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == (n + nw - 1) / nw && packed.size(1) == k && packed.size(2) == nw,
+              "gemm_packed: packed must be gemm_pack's (", (n + nw - 1) / nw, ", ", k, ", ", nw, ") float32, got ",
+              packed.sizes());
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n),
+              "gemm_packed: bias must be (", n, ",) float32");
+  TORCH_CHECK(!accumulate || out, "gemm_packed: accumulate needs out");
+  if (out) {
+    check_cpu(*out, "out");
+    TORCH_CHECK(out->scalar_type() == at::kFloat && out->dim() == 2 && out->size(0) == m && out->size(1) == n &&
+                    (out->stride(1) == 1 || n <= 1) && (out->stride(0) >= n || m <= 1),
+                "gemm_packed: out must be (", m, ", ", n, ") float32 with unit column stride, got ", out->sizes());
+  }
+  Tensor y = out ? *out : cpu_empty({m, n}, x.options());
+  const Tensor bc = bias ? bias->contiguous() : Tensor();
+  if (m > 0 && n > 0)
+    fastenc_cpu::gemm_packed(x.data_ptr<float>(), m, k, std::max<int64_t>(x.stride(0), 1), packed.data_ptr<float>(),
+                             n, bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+                             std::max<int64_t>(y.stride(0), 1), accumulate, at::get_num_threads());
+  return y;
+}
+
 // ---------------------------------------------------------------- attention (cpu)
 // q, k, v: (total_tokens, heads, head_dim) fp32/fp16/bf16 -> (out like q, lse (heads, total_tokens) fp32); the
 // kernel computes in fp32.
@@ -385,13 +430,20 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
   TORCH_CHECK(c[0] == 0 && c[batch] == total, "attention: cu_seqlens must run from 0 to total_tokens=", total);
   for (int64_t b = 0; b < batch; ++b)
     TORCH_CHECK(c[b + 1] >= c[b], "attention: cu_seqlens must be non-decreasing");
-  Tensor qf = f32(q), kf = f32(k), vf = f32(v);
-  Tensor out = cpu_empty_like(qf);
-  Tensor lse = at::empty({q.size(1), total}, qf.options());
-  if (total > 0 && q.size(1) > 0 && q.size(2) > 0) {
+  // fp32 q, k, v with one row stride, heads head_dim apart and unit element stride (e.g. column blocks of one QKV
+  // GEMM's (tokens, 3 * hidden) output) are read in place; anything else is copied to contiguous fp32 first.
+  const int64_t H = q.size(1), D = q.size(2);
+  const bool in_place = q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                        v.scalar_type() == at::kFloat && k.strides() == q.strides() && v.strides() == q.strides() &&
+                        q.stride(2) == 1 && q.stride(1) == D && q.stride(0) >= H * D;
+  Tensor qf = in_place ? q : f32(q), kf = in_place ? k : f32(k), vf = in_place ? v : f32(v);
+  Tensor out = cpu_empty({total, H, D}, qf.options());
+  Tensor lse = at::empty({H, total}, qf.options());
+  if (total > 0 && H > 0 && D > 0) {
     fastenc_cpu::attention_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
-                               out.data_ptr<float>(), c, batch, q.size(1), q.size(2), window_left, window_right,
-                               (float)scale, at::get_num_threads(), lse.data_ptr<float>(), dropout_p, seed, offset);
+                               out.data_ptr<float>(), c, batch, H, D, window_left, window_right,
+                               (float)scale, at::get_num_threads(), lse.data_ptr<float>(), dropout_p, seed, offset,
+                               in_place ? q.stride(0) : 0);
   } else {
     out.zero_();
     lse.fill_(INFINITY);
@@ -545,6 +597,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifndef FASTENC_WITH_CUDA
   // cpu half defs
   m.def("buffer_empty", &buffer_empty, "uninitialized CPU tensor from the buffer cache");
+  m.def("gemm_pack", &gemm_pack, "weight (n, k) fp32 -> the few-row GEMM's packed panels");
+  m.def("gemm_packed", &gemm_packed, "x @ W^T (+ bias) (+ out) with W packed by gemm_pack, fp32");
   m.def("buffer_cache_stats", &buffer_cache_stats, "(in use, cached, peak in use, hits, misses): bytes, counts");
   m.def("buffer_cache_release", &fastenc_cpu::cache_release, "free every cached block");
   m.def("set_buffer_cache", &set_buffer_cache, "turn the buffer cache on or off (off also frees it)");

@@ -81,9 +81,11 @@ inline void key_range(int64_t a, int64_t b, int64_t len, int64_t wl, int64_t wr,
 
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
-                   float scale, int num_threads, float* lse, double dropout_p, int64_t seed, int64_t offset) {
+                   float scale, int num_threads, float* lse, double dropout_p, int64_t seed, int64_t offset,
+                   int64_t ld_in) {
   const Dropout drop(dropout_p, seed, offset);
-  const int64_t H = heads, D = head_dim, ld = H * D;
+  // ld: the row stride of out; ldi: of q, k and v (their rows may sit inside a wider buffer, e.g. one QKV GEMM's)
+  const int64_t H = heads, D = head_dim, ld = H * D, ldi = ld_in > 0 ? ld_in : ld;
   const int64_t total = cu_seqlens[batch];
   const int64_t Dp = (D + VW - 1) / VW * VW;  // V and O rows padded to whole registers
   const float qscale = scale * LOG2E;
@@ -154,25 +156,25 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
       // at once when it is short, else tile by tile below.
       const bool whole = item.ke - item.kb <= kWholeSeq;
       auto pack = [&](int64_t j0, int64_t nrows, float* kdst, float* vdst) {
-        const float* kt = k + (item.start + j0) * ld + h * D;
-        const float* vt = v + (item.start + j0) * ld + h * D;
+        const float* kt = k + (item.start + j0) * ldi + h * D;
+        const float* vt = v + (item.start + j0) * ldi + h * D;
         for (int64_t j = 0; j < nrows; ++j) {
           if (j + kPrefetchRows < nrows) {
-            prefetch_rows(kt + (j + kPrefetchRows) * ld, ld, 1, D);
-            prefetch_rows(vt + (j + kPrefetchRows) * ld, ld, 1, D);
+            prefetch_rows(kt + (j + kPrefetchRows) * ldi, ldi, 1, D);
+            prefetch_rows(vt + (j + kPrefetchRows) * ldi, ldi, 1, D);
           }
-          copy_row(kdst + j * D, kt + j * ld, D);
-          copy_row(vdst + j * Dp, vt + j * ld, D);
+          copy_row(kdst + j * D, kt + j * ldi, D);
+          copy_row(vdst + j * Dp, vt + j * ldi, D);
           if (Dp > D) std::fill(vdst + j * Dp + D, vdst + (j + 1) * Dp, 0.f);
         }
       };
       if (whole) pack(item.kb, item.ke - item.kb, w.kp, w.vp);
       if (it + nt < n_items) {  // the item this thread likely takes next: its first Q rows and K, V rows to L2
         const Item& nx = items[it + nt];
-        prefetch_rows(q + (nx.start + nx.q0) * ld + nx.h * D, ld, std::min(bm, nx.q1 - nx.q0), D);
+        prefetch_rows(q + (nx.start + nx.q0) * ldi + nx.h * D, ldi, std::min(bm, nx.q1 - nx.q0), D);
         const int64_t nn = std::min<int64_t>(2 * kPrefetchRows, nx.ke - nx.kb);
-        prefetch_rows(k + (nx.start + nx.kb) * ld + nx.h * D, ld, nn, D);
-        prefetch_rows(v + (nx.start + nx.kb) * ld + nx.h * D, ld, nn, D);
+        prefetch_rows(k + (nx.start + nx.kb) * ldi + nx.h * D, ldi, nn, D);
+        prefetch_rows(v + (nx.start + nx.kb) * ldi + nx.h * D, ldi, nn, D);
       }
 
       for (int64_t i0 = item.q0; i0 < item.q1; i0 += bm) {
@@ -181,7 +183,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         const int64_t lanes = qcols * VW;
         // Q^T block (D x bm), pre-scaled; query lanes past the sequence are zero (computed, never written).
         for (int64_t r0 = 0; r0 < rows; r0 += PW)
-          transpose_scaled(q + (item.start + i0 + r0) * ld + h * D, ld, std::min(PW, rows - r0), D, qscale,
+          transpose_scaled(q + (item.start + i0 + r0) * ldi + h * D, ldi, std::min(PW, rows - r0), D, qscale,
                            w.qt + r0 * D, PW);
         for (int64_t r = rows; r < lanes; ++r)
           for (int64_t d = 0; d < D; ++d) w.qt[r / PW * PW * D + d * PW + r % PW] = 0.f;
@@ -202,8 +204,8 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
             pack(j0, nk, w.kp, w.vp);
             if (j0 + BN < ke) {  // the next tile's rows arrive while this one is computed
               const int64_t nn = std::min(BN, ke - j0 - BN);
-              prefetch_rows(k + (item.start + j0 + BN) * ld + h * D, ld, nn, D);
-              prefetch_rows(v + (item.start + j0 + BN) * ld + h * D, ld, nn, D);
+              prefetch_rows(k + (item.start + j0 + BN) * ldi + h * D, ldi, nn, D);
+              prefetch_rows(v + (item.start + j0 + BN) * ldi + h * D, ldi, nn, D);
             }
           }
 

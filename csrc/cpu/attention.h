@@ -12,11 +12,12 @@ namespace fastenc_cpu {
 // default. Working memory is O(tile) per thread; no (seq x seq) buffer. lse (may be null): (heads, total_tokens)
 // fp32, each query row's natural log-sum-exp of scale * q.k over its visible keys (+inf when it sees none).
 // dropout_p > 0: the normalized probabilities are multiplied by the keep-mask of (seed, offset) / (1 - dropout_p)
-// (attention_dropout.h); lse stays that of the undropped scores.
+// (attention_dropout.h); lse stays that of the undropped scores. ld_in > 0: the row stride (elements) of q, k and v,
+// whose rows may lie inside a wider buffer (out's stride is heads * head_dim); 0: heads * head_dim.
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
                    float scale, int num_threads, float* lse = nullptr, double dropout_p = 0.0, int64_t seed = 0,
-                   int64_t offset = 0);
+                   int64_t offset = 0, int64_t ld_in = 0);
 
 // Backward of attention_fwd (FlashAttention-2's): from grad = dL/dout, out and the forward's lse, writes dq, dk, dv
 // (all (total_tokens, heads, head_dim) contiguous fp32; every element written). Same layout, window and threading

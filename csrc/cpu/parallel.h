@@ -29,6 +29,11 @@ constexpr int64_t kParallelMinFmas = int64_t(1) << 24;
 // which the ops above also open a team.
 constexpr int64_t kParallelMinAttnFmas = int64_t(1) << 20;
 
+// Multiply-adds per call below which the few-row packed GEMM (gemm.cpp) runs serially: 2^22 is ~100 us of one
+// core at its ~40-80 GFLOP/s (MiniLM's 16 x 384 x 384 projections, 2^21.2, stay serial; its 16 x 384 x 1536 MLP
+// GEMMs and every BERT-base GEMM at 16 rows split their column panels over the team).
+constexpr int64_t kParallelMinGemmFmas = int64_t(1) << 22;
+
 // Whether `work` units justify a team, against one of the thresholds above.
 inline bool worth_parallel(int64_t work, int64_t threshold) { return work >= threshold; }
 

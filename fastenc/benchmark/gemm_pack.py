@@ -1,12 +1,15 @@
 """Packed vs plain CPU GEMM per shape: the measurement behind fastenc.layers.prepack.min_rows (MIN_TOKENS,
-MIN_TOKENS_SMALL, LARGE_WEIGHT).
+MIN_TOKENS_SMALL, LARGE_WEIGHT) and FEW_ROWS.
 
 For each model linear shape (K in, N out) and token count M, times y = x @ W.T + b three ways, interleaved round
 by round in one process: `plain` (torch.addmm into a preallocated output, fastenc's unpacked path), `packed`
 (oneDNN on the weight packed once, fastenc.layers.prepack.linear), and the residual form out += x @ W.T:
-`plain-acc` (addmm_ with beta 1) vs `packed-acc` (oneDNN's binary add post-op into a new tensor). Reports medians, the paired ratio
-plain/packed (median over rounds; > 1: packing wins) with its 20-80% spread, GFLOP/s, and the max relative
-difference packed vs plain.
+`plain-acc` (addmm_ with beta 1) vs `packed-acc` (oneDNN's binary add post-op into a new tensor); and, up to
+prepack.FEW_ROWS rows, fastenc's few-row GEMM on its own panels (`panels`, `panels-acc`: prepack.few_rows, the
+rule prepack.use_panels). Reports medians, the paired ratios plain/packed (median over rounds; > 1: packing wins)
+and best-of(plain, packed)/panels (> 1: the panels win) with their 20-80% spread, GFLOP/s, and the max relative
+difference packed vs plain. With --threads 1 the samples are the calling thread's CPU time (time.thread_time: little
+moved by other load on the machine), else wall time.
 
   python -m fastenc.benchmark.gemm_pack [--out DIR] [--threads 2] [--tokens 1,16,128] [--rounds 9] [--shapes minilm,bert out]
 """
@@ -43,6 +46,10 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0) -> dict:
     rel = float((got - ref).abs().max() / ref.abs().max())
     fns = {"plain": lambda: torch.addmm(b, x, w.t(), out=out), "packed": lambda: prepack.linear(x, packed, b),
            "plain-acc": lambda: acc.addmm_(x, w.t()), "packed-acc": lambda: torch.ops.mkldnn._linear_pointwise.binary(x, acc, packed, None, "add")}
+    if m <= prepack.FEW_ROWS:
+        panels = prepack.PackCache(panels=True).get(w)[0]
+        fns["panels"] = lambda: prepack.few_rows(x, panels, n, b, out)
+        fns["panels-acc"] = lambda: prepack.few_rows(x, panels, n, None, acc, accumulate=True)
     reps = max(1, min(50, int(2e8 / (2 * m * k * n))))  # calls per sample: ~0.2 GFLOP a sample, a few ms
 
     def batched(fn):
@@ -51,7 +58,11 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0) -> dict:
                 fn()
         return run
 
-    samples = timing.interleaved({name: batched(fn) for name, fn in fns.items()}, "cpu", warmup=1, repeats=rounds)
+    if torch.get_num_threads() == 1:
+        samples = _thread_timed({name: batched(fn) for name, fn in fns.items()}, rounds)
+    else:
+        samples = timing.interleaved({name: batched(fn) for name, fn in fns.items()}, "cpu", warmup=1,
+                                     repeats=rounds)
     samples = {name: [t / reps for t in s] for name, s in samples.items()}
     row = {"M": m, "K": k, "N": n, "calls_per_sample": reps, "max_rel_diff": rel}
     for name, s in samples.items():
@@ -62,7 +73,25 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0) -> dict:
         ratios = sorted(x / y for x, y in zip(samples[a], samples[p]))
         row[f"{a}/{p}"] = statistics.median(ratios)
         row[f"{a}/{p} q20-q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
+    if "panels" in samples:
+        best = [min(a, p) for a, p in zip(samples["plain"], samples["packed"])]
+        ratios = sorted(x / y for x, y in zip(best, samples["panels"]))
+        row["best/panels"] = statistics.median(ratios)
+        row["best/panels q20-q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
     return row
+
+
+def _thread_timed(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """Round-robin like timing.interleaved (one warmup round), each sample the calling thread's CPU time in ms."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.thread_time()
+            fn()
+            samples[name].append((time.thread_time() - t0) * 1e3)
+    return samples
 
 
 def main(argv=None) -> int:
@@ -88,11 +117,14 @@ def main(argv=None) -> int:
                 print(f"{name:16s} M={m:5d} K={k:5d} N={n:5d}  plain {r['plain_gflops']:6.1f} GF/s  packed "
                       f"{r['packed_gflops']:6.1f} GF/s  plain/packed {r['plain/packed']:.2f} "
                       f"[{r['plain/packed q20-q80'][0]:.2f}, {r['plain/packed q20-q80'][1]:.2f}]  acc "
-                      f"{r['plain-acc/packed-acc']:.2f}  rel diff {r['max_rel_diff']:.1e}", flush=True)
+                      f"{r['plain-acc/packed-acc']:.2f}  rel diff {r['max_rel_diff']:.1e}"
+                      + (f"  best/panels {r['best/panels']:.2f} [{r['best/panels q20-q80'][0]:.2f}, "
+                         f"{r['best/panels q20-q80'][1]:.2f}]" if "best/panels" in r else ""), flush=True)
     if a.out:
         meta = report.metadata("cpu", torch.float32, False)
         meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS,
-                    min_tokens_small=prepack.MIN_TOKENS_SMALL, large_weight=prepack.LARGE_WEIGHT, rounds=a.rounds,
+                    min_tokens_small=prepack.MIN_TOKENS_SMALL, large_weight=prepack.LARGE_WEIGHT,
+                    few_rows=prepack.FEW_ROWS, rounds=a.rounds,
                     elapsed_s=time.perf_counter() - t0, load_after=_load())
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -24,12 +24,16 @@ ALLOC_OPS = ("aten::empty", "aten::empty_strided")
 # profiler names of the GEMM ops (packed linears by prefix: _linear_pointwise and its .binary overload)
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 PACKED_GEMM_PREFIXES = ("mkldnn::_linear_pointwise", "mkl::_mkl_linear")
+FEW_ROW_GEMM = "fastenc::gemm_packed"  # fastenc.layers.prepack.few_rows under the profiler (name + " MxKxN")
 
 
 def _mkn(name: str, shapes: list) -> tuple[int, int, int] | None:
-    """(M, K, N) of one GEMM event from its recorded input shapes (None when they do not say)."""
+    """(M, K, N) of one GEMM event from its recorded input shapes, or from its name for fastenc's few-row GEMM
+    ("fastenc::gemm_packed MxKxN"); None when they do not say."""
     try:
-        if name == "aten::mm":
+        if name.startswith(FEW_ROW_GEMM):
+            m, k, n = name.split(" ")[1].split("x")
+        elif name == "aten::mm":
             (m, k), (_, n) = shapes[0], shapes[1]
         elif name in ("aten::addmm", "aten::addmm_"):
             (m, k), (_, n) = shapes[1], shapes[2]
@@ -45,7 +49,7 @@ def _mkn(name: str, shapes: list) -> tuple[int, int, int] | None:
 
 
 def _category(name: str) -> str:
-    if name in GEMM_OPS or name.startswith(PACKED_GEMM_PREFIXES):
+    if name in GEMM_OPS or name.startswith(PACKED_GEMM_PREFIXES) or name.startswith(FEW_ROW_GEMM):
         return "gemm"
     return "fastenc_ops" if name.startswith("fastenc::") else "other_ops"
 
@@ -85,11 +89,14 @@ def breakdown(call: Callable[[], object], calls: int = 5) -> dict:
 
 def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = None) -> dict:
     """Time each 'MxKxN' GEMM alone (fp32, random data): plain torch.addmm into a preallocated output and the
-    prepacked oneDNN linear, interleaved; returns the sum over shapes of count x median for each, in ms."""
+    prepacked oneDNN linear, and (up to prepack.FEW_ROWS rows, the extension loaded) fastenc's few-row GEMM on its
+    panels, interleaved; returns the sum over shapes of count x median for each, in ms (a path a shape does not
+    have counts as plain)."""
+    from fastenc import extension
     from fastenc.layers import prepack
 
     cache = {} if cache is None else cache
-    total = {"plain": 0.0, "packed": 0.0}
+    total = {"plain": 0.0, "packed": 0.0, "panels": 0.0}
     with torch.no_grad():
         for key, count in shapes.items():
             if key not in cache:
@@ -99,11 +106,14 @@ def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = N
                 if torch.backends.mkldnn.is_available():
                     pw = prepack.PackCache().get(w)[0]
                     fns["packed"] = lambda: prepack.linear(x, pw, b)
+                if m <= prepack.FEW_ROWS and extension.loaded():
+                    pp = prepack.PackCache(panels=True).get(w)[0]
+                    fns["panels"] = lambda: prepack.few_rows(x, pp, n, b, o)
                 s = timing.interleaved(fns, "cpu", warmup=2, repeats=rounds)
                 cache[key] = {name: statistics.median(v) for name, v in s.items()}
             for name in total:
                 total[name] += count * cache[key].get(name, cache[key]["plain"])
-    return {"gemm_alone_plain_ms": total["plain"], "gemm_alone_packed_ms": total["packed"]}
+    return {f"gemm_alone_{name}_ms": ms for name, ms in total.items()}
 
 
 def format_breakdown(model: str, workload: str, provider: str, b: dict, wall_p50_ms: float | None) -> str:
@@ -111,10 +121,10 @@ def format_breakdown(model: str, workload: str, provider: str, b: dict, wall_p50
     w = b["profiled_wall_ms"]
     parts = [f"{c.replace('_ms', '')} {b[c]:.2f} ms ({100 * b[c] / w:.0f}%)"
              for c in ("gemm_ms", "fastenc_ops_ms", "other_ops_ms", "rest_ms")]
-    alone = min(b.get("gemm_alone_plain_ms", float("inf")), b.get("gemm_alone_packed_ms", float("inf")))
+    alone = min(b.get(f"gemm_alone_{name}_ms", float("inf")) for name in ("plain", "packed", "panels"))
     rate = f"; GEMMs {b['gemm_gflop'] / b['gemm_ms'] * 1e3:.0f} GFLOP/s in the forward" if b["gemm_ms"] else ""
     if alone != float("inf") and b["gemm_ms"]:
-        rate += f", {b['gemm_gflop'] / alone * 1e3:.0f} alone (best of plain/packed: {alone:.2f} ms)"
+        rate += f", {b['gemm_gflop'] / alone * 1e3:.0f} alone (best of plain/packed/panels: {alone:.2f} ms)"
     p50 = f"p50 {wall_p50_ms:.2f} ms, " if wall_p50_ms is not None else ""
     counts = (f"; {b['ops_per_call']:.0f} ops, {b['allocations_per_call']:.0f} allocations a call"
               if "ops_per_call" in b else "")

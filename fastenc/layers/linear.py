@@ -36,6 +36,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         w = self.weight
+        if prepack.use_panels(x, w):
+            return prepack.few_rows(x, self._packed(w, panels=True)[0], self.out_features, bias,
+                                    extension.buffer_empty((x.shape[0], self.out_features), x))
         if prepack.use_packed(x, w):
             return prepack.linear(x, self._packed(w)[0], bias)
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"
@@ -51,6 +54,7 @@ class Linear(nn.Module):
         # the old ones now rather than at the next inference call, so the old storage is not kept alive by them.
         self.__dict__.pop("_view_cache", None)
         self.__dict__.pop("_pack", None)
+        self.__dict__.pop("_panels", None)
         return super()._apply(fn, *args, **kwargs)
 
     def _views(self, parts: int) -> "_Views":
@@ -60,10 +64,12 @@ class Linear(nn.Module):
             cache = self.__dict__["_view_cache"] = _Views()
         return cache.get(self.weight, self.bias, parts)
 
-    def _packed(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
-        cache = self.__dict__.get("_pack")
+    def _packed(self, w: torch.Tensor, parts: int = 1, panels: bool = False) -> tuple[torch.Tensor, ...]:
+        """w packed for oneDNN (prepack.linear) or, panels=True, for the few-row GEMM (prepack.few_rows)."""
+        key = "_panels" if panels else "_pack"
+        cache = self.__dict__.get(key)
         if cache is None:  # (kept out of __init__: a subclass or a copy made without it still packs)
-            cache = self.__dict__["_pack"] = prepack.PackCache()
+            cache = self.__dict__[key] = prepack.PackCache(panels)
         return cache.get(w, parts)
 
     def planes(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
@@ -94,7 +100,11 @@ class Linear(nn.Module):
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out += x @ weight.T (no bias), in place: one GEMM with beta = 1, so a residual sum needs no pass of its
         own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features).
-        (Always the plain GEMM: with beta = 1 it beats the packed one, which cannot accumulate in place.)"""
+        (The few-row GEMM at up to prepack.FEW_ROWS rows, else the plain GEMM: with beta = 1 it beats oneDNN's
+        packed one, which cannot accumulate in place.)"""
+        w = self.weight
+        if prepack.use_panels(x, w) and out.dtype == torch.float32 and out.stride(-1) == 1:
+            return prepack.few_rows(x, self._packed(w, panels=True)[0], self.out_features, None, out, True)
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
             wt = self.weight.t() if torch.is_grad_enabled() else self._views(1).wt[0]
             return out.addmm_(x, wt)

@@ -19,6 +19,12 @@ with packing from 16 rows); from 64-128 rows packing wins at every BERT-base and
 rows, a few per cent at 2048). One thread gains nothing from packing at 16-128 rows: the gain is in how oneDNN
 splits a small GEMM over threads.
 
+Up to FEW_ROWS rows (1 to 128: batch 1) neither runs: fastenc's own few-row GEMM (csrc/cpu/gemm.cpp, `use_panels`)
+multiplies x by the weight packed once into 16-column panels (AVX2). Measured single-threaded with thread CPU time
+(python -m fastenc.benchmark.gemm_pack --threads 1, BERT-base's and MiniLM's shapes; load ~10): at 16 rows it took 0.66-0.90x
+the time of the better of MKL's sgemm and oneDNN's packed GEMM, at 1 row 0.64-1.12x (1.12x at 1 x 3072 x 768
+only), at 32-64 rows 0.69-0.93x, at 128 rows 0.80-0.97x. It also does the residual form out += x @ W.T in place.
+
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
 storage pointer and its version counter, so an in-place write (LoRA merge/unmerge, load_state_dict, an optimizer
@@ -31,12 +37,13 @@ import weakref
 
 import torch
 
-from fastenc import registry
+from fastenc import extension, registry
 
 MIN_TOKENS = 16  # rows of x from which a large weight's GEMM is packed (the measured crossover; module docstring)
 MIN_TOKENS_SMALL = 64  # rows from which a weight under LARGE_WEIGHT elements is packed
 LARGE_WEIGHT = 1 << 20  # in x out elements from which MIN_TOKENS applies (BERT-base's QKV, fc1, fc2: 1.8M, 2.4M)
 MIN_WEIGHT = 1 << 17  # in x out elements from which a weight is packed at all (MiniLM's 384 x 384 blocks: 147,456)
+FEW_ROWS = 128  # rows of x up to which fastenc's few-row GEMM (use_panels) runs instead of either of the above
 
 
 def min_rows(w: torch.Tensor) -> int:
@@ -47,30 +54,33 @@ def min_rows(w: torch.Tensor) -> int:
 
 class PackCache:
     """The packed form of one Linear's weight (split into `parts` row blocks), rebuilt when the weight changes.
+    panels=True: the few-row GEMM's panels (fastenc's extension, `use_panels`) instead of oneDNN's layout.
     Not copied by deepcopy or pickle (a copy starts empty and packs its own weight on first use)."""
 
-    __slots__ = ("ref", "ptr", "version", "parts", "packed")
+    __slots__ = ("ref", "ptr", "version", "parts", "packed", "panels")
 
-    def __init__(self):
-        self.ref, self.ptr, self.version, self.parts, self.packed = None, 0, -1, 0, ()
+    def __init__(self, panels: bool = False):
+        self.ref, self.ptr, self.version, self.parts, self.packed, self.panels = None, 0, -1, 0, (), panels
 
     def get(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
         """w: (out, in) fp32 -> `parts` packed (out/parts, in) blocks, [w_0; w_1; ...] in row order."""
         if (self.ref is None or self.ref() is not w or self.ptr != w.data_ptr() or self.version != w._version
                 or self.parts != parts):
             blocks = w.detach().view(parts, w.shape[0] // parts, w.shape[1]).unbind(0)
-            self.packed = tuple(torch.ops.mkldnn._reorder_linear_weight(b.contiguous(), None) for b in blocks)
+            pack = extension.load().gemm_pack if self.panels else (
+                lambda b: torch.ops.mkldnn._reorder_linear_weight(b, None))
+            self.packed = tuple(pack(b.contiguous()) for b in blocks)
             self.ref, self.ptr, self.version, self.parts = weakref.ref(w), w.data_ptr(), w._version, parts
         return self.packed
 
     def clear(self) -> None:
-        self.__init__()
+        self.__init__(self.panels)
 
     def __deepcopy__(self, memo):
-        return PackCache()
+        return PackCache(self.panels)
 
     def __reduce__(self):
-        return (PackCache, ())
+        return (PackCache, (self.panels,))
 
 
 _ENABLED: list[bool] = []  # FASTENC_PREPACK and oneDNN's presence, read at the first call (nothing at import)
@@ -88,6 +98,30 @@ def use_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
             and not w.is_inference() and not torch.compiler.is_compiling()
             and _enabled() and registry.backend_allowed("cpu"))
+
+
+def use_panels(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether y = x @ w.T takes the few-row GEMM on fastenc's own panels (csrc/cpu/gemm.cpp): the conditions of
+    `use_packed` on dtype, device, grad and tracing, 1 to FEW_ROWS rows of x, and the extension loaded (nothing is
+    built for it). x: (rows, in); w: (out, in)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= FEW_ROWS and x.stride(1) == 1 and x.dtype == torch.float32 and w.dtype == torch.float32
+            and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
+            and not w.is_inference() and not torch.compiler.is_compiling() and _enabled()
+            and extension.loaded() and registry.backend_allowed("cpu"))
+
+
+def few_rows(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
+             out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """x @ W.T (+ bias) with W packed by PackCache(panels=True) (n rows): into `out` ((rows, n), unit column
+    stride) when given, added to it when accumulate; else a new tensor. x: (rows, in) fp32, unit column stride.
+    Under the profiler the call is recorded as "fastenc::gemm_packed MxKxN" (fastenc.benchmark.latency reads it)."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        with torch.profiler.record_function(f"{GEMM_EVENT} {x.shape[0]}x{x.shape[1]}x{n}"):
+            return extension.load().gemm_packed(x, panels, n, bias, out, accumulate)
+    return extension.load().gemm_packed(x, panels, n, bias, out, accumulate)
+
+
+GEMM_EVENT = "fastenc::gemm_packed"  # the profiler name of few_rows (followed by its M x K x N)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

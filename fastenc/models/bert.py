@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.layers.inference import Plan
+from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
@@ -36,6 +38,8 @@ from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import BertConfig
+
+_GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's
 
 
 class BertEmbeddings(nn.Module):
@@ -95,12 +99,13 @@ def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, colum
     block reads x before overwriting it). Returns what `_run` returns: (x, batch, first), first being column 0's
     state per row (column0), the padded queries (rows, cols, states) (padded), or None."""
     rows, cols, xg = queries if queries is not None else (None, None, None)
+    plan = _plan(layers, x, batch.cu_seqlens)
     for layer in layers:
         if rows is not None:  # (before `layer` overwrites x)
             o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
             xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
             xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
-        x = layer(x, batch.cu_seqlens, batch.max_seqlen)
+        x = layer(x, batch.cu_seqlens, batch.max_seqlen) if plan is None else _planned_block(layer, x, plan)
     if padded:
         return x, batch, None if rows is None else (rows, cols, xg)
     first = None
@@ -109,6 +114,31 @@ def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, colum
         if rows is not None:
             first = first.index_copy(0, rows, xg.to(first.dtype))
     return x, batch, first
+
+
+def _plan(layers, x: torch.Tensor, cu_seqlens: torch.Tensor) -> Plan | None:
+    """This forward's direct cpu-kernel form of the blocks (fastenc.layers.inference), or None: only for BERT's
+    own blocks in eval mode with plain Linears (not carrying unmerged LoRA) and a GELU activation. (A subclass in
+    eval mode, DistilBertLayer, runs BertLayer.forward.)"""
+    if not layers or torch.is_grad_enabled():
+        return None
+    for layer in layers:
+        if (not isinstance(layer, BertLayer) or layer.training or _GELU.get(layer.mlp.act) is None
+                or type(layer.mlp) is not MLP or type(layer.attn_norm) is not LayerNorm
+                or type(layer.mlp_norm) is not LayerNorm
+                or any(type(m) is not Linear for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.fc1, layer.mlp.fc2))):
+            return None
+    return Plan.make(x, cu_seqlens, layers[0].attn.heads, layers[0].attn_norm)
+
+
+def _planned_block(layer: BertLayer, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """BertLayer.forward's inference form (the same steps, the same kernels) through the forward's Plan."""
+    a, mlp = layer.attn, layer.mlp
+    a.Wo.accumulate_(plan.qkv_attention(a.Wqkv, x, a.heads, a.window), x)
+    x = plan.layer_norm(layer.attn_norm, x, a.Wo.bias)
+    h = plan.gelu_(mlp.fc1(x, with_bias=False), mlp.fc1.bias, _GELU[mlp.act])
+    mlp.fc2.accumulate_(h, x)
+    return plan.layer_norm(layer.mlp_norm, x, mlp.fc2.bias)
 
 
 def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:

@@ -16,6 +16,8 @@ def test_gemm_shapes_from_profiler_names():
     assert latency._mkn("aten::mm", [[5, 8], [8, 3]]) == (5, 8, 3)
     assert latency._mkn("mkldnn::_linear_pointwise", [[16, 64], [96, 64], [96], [], [], []]) == (16, 64, 96)
     assert latency._mkn("mkldnn::_linear_pointwise", [[16, 64], [16, 96], [96, 64], [], []]) == (16, 64, 96)
+    assert latency._mkn("fastenc::gemm_packed 16x384x1152", []) == (16, 384, 1152)
+    assert latency._category("fastenc::gemm_packed 16x384x1152") == "gemm"
     assert latency._mkn("aten::mm", [[5, 8]]) is None
     assert latency._mkn("aten::relu", [[5, 8]]) is None
     assert latency._category("fastenc::layer_norm") == "fastenc_ops"
@@ -24,7 +26,7 @@ def test_gemm_shapes_from_profiler_names():
 
 
 def test_breakdown_of_a_forward():
-    """A 2-layer BERT at 1 x 20 tokens: 6 GEMMs a layer (q, k, v, out, fc1, fc2) at M = 20."""
+    """A 2-layer BERT at 1 x 20 tokens: 4 GEMMs a layer (the fused q/k/v, out, fc1, fc2) at M = 20."""
     pytest.importorskip("transformers")
     import fastenc
     from transformers import BertConfig, BertModel
@@ -40,7 +42,7 @@ def test_breakdown_of_a_forward():
             return fe(ids)
 
     b = latency.breakdown(call, calls=2)
-    assert b["gemm_shapes"] == {"20x136x64": 2.0, "20x64x136": 2.0, "20x64x64": 8.0}
+    assert b["gemm_shapes"] == {"20x136x64": 2.0, "20x64x136": 2.0, "20x64x192": 2.0, "20x64x64": 2.0}
     assert math.isclose(b["gemm_gflop"], 2 * 20 * (8 * 64 * 64 + 4 * 64 * 136) / 1e9)
     parts = sum(b[k] for k in ("gemm_ms", "fastenc_ops_ms", "other_ops_ms", "rest_ms"))
     assert math.isclose(parts, b["profiled_wall_ms"]) and b["gemm_ms"] > 0 and b["fastenc_ops_ms"] > 0
@@ -48,7 +50,7 @@ def test_breakdown_of_a_forward():
     allocs = b["allocations_per_call"]
     assert allocs == int(allocs) and 0 < allocs < b["ops_per_call"]
     alone = latency.gemm_alone(b["gemm_shapes"], rounds=1)
-    assert alone["gemm_alone_plain_ms"] > 0
+    assert alone["gemm_alone_plain_ms"] > 0 and alone["gemm_alone_panels_ms"] > 0
     line = latency.format_breakdown("tiny", "latency", "fastenc", {**b, **alone}, 1.0)
     assert "gemm" in line and "rest" in line and "allocations a call" in line
 

@@ -16,8 +16,9 @@ from fastenc.layers import Linear
 
 
 def _packed_parts(lin: Linear) -> int:
-    cache = lin.__dict__.get("_pack")
-    return len(cache.packed) if cache is not None else 0
+    """Packed weight blocks held by `lin`: oneDNN's (above prepack.FEW_ROWS rows) or the few-row GEMM's panels."""
+    caches = [lin.__dict__.get(k) for k in ("_pack", "_panels")]
+    return sum(len(c.packed) for c in caches if c is not None)
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

@@ -1,0 +1,151 @@
+// Few-row GEMM on a prepacked weight: y = x W^T (+ bias) (+ y), fp32, for the batch-1 inference GEMMs (tens of
+// rows against a weight of up to a few million elements), where a BLAS sgemm re-packs the weight panels on every
+// call and its blocking is tuned for large M.
+//
+// Layout: W (N, K) is packed once into panels of NW = NC * VW columns, panel p holding W[p*NW + j][k] at
+// [p][k][j] (K x NW contiguous, zero columns past N). y's rows are taken MR at a time: an MR x NW tile keeps
+// MR * NC vector accumulators in registers; each k step loads NC vectors of the panel, broadcasts MR values of x
+// and does MR * NC FMAs: y[i][j] = sum_k x[i][k] * W[j][k], k ascending. A panel (K x NW floats: 24-192 KiB at
+// K = 384-3072) stays in L1/L2 while every row block of x passes over it; the panels are split over the threads.
+#include <algorithm>
+#include <cstring>
+
+#include <omp.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include "gemm.h"
+#include "parallel.h"
+
+namespace fastenc_cpu {
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int VW = 16, NC = 2, MR = 6;
+#elif defined(__AVX__)
+constexpr int VW = 8, NC = 2, MR = 6;
+#else
+constexpr int VW = 4, NC = 2, MR = 4;
+#endif
+constexpr int NW = VW * NC;
+typedef float vf __attribute__((vector_size(VW * 4)));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(vf));
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(vf)); }
+// All lanes = *p: one broadcast load (`vf{} + *p` would add 0.0 first: -0.0 + 0.0 is not an identity).
+inline vf splat(const float* p) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_set1_ps(*p);
+#elif defined(__AVX__)
+  return (vf)_mm256_broadcast_ss(p);
+#else
+  vf v;
+  for (int i = 0; i < VW; ++i) v[i] = *p;
+  return v;
+#endif
+}
+
+// One R x NW tile: rows x[0..R) (row stride ldx), panel wp (K x NW), columns [0, ncols) of y written.
+template <int R>
+void tile(const float* __restrict x, int64_t ldx, const float* __restrict wp, int64_t K,
+          const float* __restrict bias, float* __restrict y, int64_t ldy, bool accumulate, int64_t ncols) {
+  vf acc[R][NC];
+  float edge[NW];  // a partial panel's bias / y row, zero-padded to NW columns
+  const bool full = ncols == NW;
+#pragma GCC unroll 8
+  for (int c = 0; c < NC; ++c) {
+    vf b0 = {};
+    if (bias != nullptr) {
+      if (full) {
+        b0 = load(bias + c * VW);
+      } else {
+        for (int j = 0; j < VW; ++j) edge[j] = c * VW + j < ncols ? bias[c * VW + j] : 0.f;
+        b0 = load(edge);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][c] = b0;
+  }
+  if (accumulate) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float* yr = y + r * ldy;
+      if (!full) {
+        for (int j = 0; j < NW; ++j) edge[j] = j < ncols ? yr[j] : 0.f;
+        yr = edge;
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) acc[r][c] += load(yr + c * VW);
+    }
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) b[c] = load(wp + k * NW + c * VW);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vf a = splat(x + r * ldx + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) acc[r][c] += a * b[c];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + r * ldy;
+    if (full) {
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) store(yr + c * VW, acc[r][c]);
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) store(edge + c * VW, acc[r][c]);
+      std::memcpy(yr, edge, sizeof(float) * ncols);
+    }
+  }
+}
+
+template <int R>
+void tile_rows(int64_t rows, const float* x, int64_t ldx, const float* wp, int64_t K, const float* bias, float* y,
+               int64_t ldy, bool accumulate, int64_t ncols) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<R - 1>(rows, x, ldx, wp, K, bias, y, ldy, accumulate, ncols);
+  }
+  tile<R>(x, ldx, wp, K, bias, y, ldy, accumulate, ncols);
+}
+
+}  // namespace
+
+int64_t gemm_panel_width() { return NW; }
+
+void gemm_pack(const float* w, int64_t n, int64_t k, float* out) {
+  const int64_t panels = (n + NW - 1) / NW;
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t j = 0; j < NW; ++j) {
+        const int64_t row = p * NW + j;
+        out[(p * k + kk) * NW + j] = row < n ? w[row * k + kk] : 0.f;
+      }
+}
+
+void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* wp, int64_t n, const float* bias,
+                 float* y, int64_t ldy, bool accumulate, int num_threads) {
+  const int64_t panels = (n + NW - 1) / NW;
+  const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && panels > 1
+                     ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t c0 = p * NW, ncols = std::min<int64_t>(NW, n - c0);
+    const float* panel = wp + p * k * NW;
+    const float* b = bias != nullptr ? bias + c0 : nullptr;
+    for (int64_t i0 = 0; i0 < m; i0 += MR)
+      tile_rows<MR>(std::min<int64_t>(MR, m - i0), x + i0 * ldx, ldx, panel, k, b, y + i0 * ldy + c0, ldy,
+                    accumulate, ncols);
+  }
+}
+
+}  // namespace fastenc_cpu

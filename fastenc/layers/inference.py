@@ -1,0 +1,101 @@
+"""The CPU inference form of a model's layer loop, decided once per forward (`Plan.make`).
+
+A public op (fastenc.ops.layer_norm, gelu, attention) checks its arguments, asks the registry for a backend, goes
+through the torch.library dispatcher and returns empty placeholders for the outputs it does not compute: ~60-80 us
+of host work per call, several times the kernel itself at batch 1 x 16 tokens, paid by every op of every layer.
+A Plan does that work once per forward instead: it validates cu_seqlens once, asks the registry once per op with
+the forward's own inputs (so use_backend(...) / FASTENC_BACKEND / an unsupported input still decide), and, when
+the cpu backend serves all three ops, the layer loop of that same forward calls the cpu kernels directly with the
+tensors the model built itself. A Plan is made by the forward that uses it and dropped with it (never kept across
+calls: a later call may come with other inputs, another backend choice or grad mode on).
+
+When a Plan is made (`make`): grad mode off (torch.no_grad / inference_mode), not under torch.compile tracing, x a
+contiguous fp32 CPU (tokens, hidden) tensor, and the registry choosing the cpu backend for layer_norm, gelu and
+attention on these inputs. Otherwise None, and the caller runs the public ops (which raise what they raise).
+Under the profiler each direct call is recorded under its op's name (fastenc::layer_norm, ...).
+
+The QKV projection is one GEMM (tokens, 3 * hidden) whose q, k and v column blocks the attention kernel reads in
+place (its input row stride is 3 * hidden): at 16 tokens one N = 3 * hidden GEMM is ~1.1-1.6x faster than three
+N = hidden ones (MKL and oneDNN, one and two threads).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from fastenc import extension, registry
+from fastenc.layers import prepack
+from fastenc.layers.linear import Linear
+from fastenc.ops._common import check_cu_seqlens
+
+
+class Plan:
+    """The direct cpu-kernel calls of one forward's layer loop (see the module docstring)."""
+
+    __slots__ = ("ext", "cu_seqlens", "max_seqlen", "record")
+
+    def __init__(self, ext, cu_seqlens: torch.Tensor, max_seqlen: int, record: bool):
+        self.ext, self.cu_seqlens, self.max_seqlen, self.record = ext, cu_seqlens, max_seqlen, record
+
+    @staticmethod
+    def make(x: torch.Tensor, cu_seqlens: torch.Tensor, heads: int, norm) -> "Plan | None":
+        """A Plan for layers over x (tokens, hidden) split into `heads` heads, with LayerNorms like `norm`, or None
+        when the direct form does not apply. cu_seqlens (int32 (batch+1,)) is validated here, once."""
+        if (torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu"
+                or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0
+                or x.shape[1] % heads):
+            return None
+        t = x.shape[0]
+        cu = check_cu_seqlens(cu_seqlens, t, x.device)
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
+        qkv = x.view(t, heads, x.shape[1] // heads)
+        asks = (("layer_norm", {"x": x, "weight": norm.weight, "bias": norm.bias, "residual": None}),
+                ("gelu", {"x": x, "bias": None}),
+                ("attention", {"q": qkv, "k": qkv, "v": qkv, "cu_seqlens": cu_seqlens, "max_seqlen": longest,
+                               "window": (-1, -1), "scale": 1.0, "dropout_p": 0.0}))
+        try:
+            if any(registry.select(op, inputs).backend != "cpu" for op, inputs in asks):
+                return None
+        except ValueError:  # no backend for these inputs: the public ops say why
+            return None
+        return Plan(extension.load(), cu_seqlens, longest, torch.autograd.profiler._is_profiler_enabled)
+
+    def _named(self, name: str):
+        return torch.profiler.record_function(name) if self.record else contextlib.nullcontext()
+
+    def qkv_attention(self, wqkv: Linear, x: torch.Tensor, heads: int, window=None) -> torch.Tensor:
+        """Attention of x (tokens, hidden) through the fused Wqkv (3 * hidden, hidden), rows [q; k; v]: one GEMM,
+        the kernel reading q, k, v in place. -> (tokens, hidden), before the output projection."""
+        t, hidden = x.shape
+        w, b = wqkv.weight, wqkv.bias
+        if prepack.use_panels(x, w):
+            y = prepack.few_rows(x, wqkv._packed(w, panels=True)[0], 3 * hidden, b,
+                                 extension.buffer_empty((t, 3 * hidden), x))
+        elif prepack.use_packed(x, w):
+            y = prepack.linear(x, wqkv._packed(w)[0], b)
+        else:
+            y = extension.buffer_empty((t, 3 * hidden), x)
+            wt = wqkv._views(1).wt[0]
+            if b is None:
+                torch.mm(x, wt, out=y)
+            else:
+                torch.addmm(b, x, wt, out=y)
+        q, k, v = y.view(t, 3, heads, hidden // heads).unbind(1)
+        wl, wr = (-1, -1) if window is None else window
+        with self._named("fastenc::attention"):
+            o = self.ext.attention(q, k, v, self.cu_seqlens, self.max_seqlen, wl, wr,
+                                   1.0 / math.sqrt(hidden // heads), 0.0, 0, 0)[0]
+        return o.view(t, hidden)
+
+    def layer_norm(self, norm, x: torch.Tensor, input_bias: torch.Tensor | None) -> torch.Tensor:
+        """LayerNorm(x + input_bias) -> a new (tokens, hidden) tensor (the sum is not kept: post-norm blocks)."""
+        with self._named("fastenc::layer_norm"):
+            return self.ext.layer_norm(x, norm.weight, norm.bias, None, input_bias, norm.eps, False, False)[0]
+
+    def gelu_(self, h: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
+        """h = gelu(h + bias) in place. h: (tokens, n) contiguous fp32."""
+        with self._named("fastenc::gelu_out"):
+            self.ext.gelu_out(h, bias, approximate, h)
+        return h

@@ -1,0 +1,190 @@
+"""The per-forward CPU inference plan of BERT's layer loop (fastenc.layers.inference) and the few-row GEMM
+(fastenc.layers.prepack.use_panels, csrc/cpu/gemm.cpp): outputs held to transformers and to the public ops, the
+plan taken only where it applies, cu_seqlens checked once by the plan and still by the public op."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastenc
+from fastenc import extension, ops, testing
+from fastenc.layers import Linear, prepack
+from fastenc.layers.inference import Plan
+from fastenc.models import bert as fbert
+import _models_hf as _hf
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """Counts the blocks run through a plan."""
+    calls = []
+    real = fbert._planned_block
+
+    def spy(layer, x, plan):
+        calls.append(x.shape[0])
+        return real(layer, x, plan)
+
+    monkeypatch.setattr(fbert, "_planned_block", spy)
+    return calls
+
+
+@pytest.mark.parametrize("lengths", [[16], [5], [17, 1, 40]], ids=["1x16", "1x5", "mixed"])
+def test_planned_forward_matches_transformers(planned, lengths):
+    hf = _hf.bert("base", hidden=72, heads=3, layers=2)  # head_dim 24, intermediate 152 (a partial GEMM panel)
+    fe = fastenc.from_hf(hf)
+    ids, mask, types = _hf.text_batch(lengths, seed=len(lengths))
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        out = fe(ids, attention_mask=mask, token_type_ids=types)
+    assert planned == [sum(lengths)] * 2
+    err = float((out - ref)[mask.bool()].abs().max())
+    assert err <= 1e-4, err
+    planned.clear()
+    with torch.no_grad(), fastenc.use_backend("reference"):  # the backend choice still decides: no plan
+        out_ref = fe(ids, attention_mask=mask, token_type_ids=types)
+    assert planned == []
+    testing.assert_close(out[mask.bool()], out_ref[mask.bool()].double())
+
+
+def test_no_plan_with_grad_or_in_training(planned):
+    hf = _hf.bert("base", hidden=64, heads=4, layers=1)
+    fe = fastenc.from_hf(hf)
+    ids, mask, types = _hf.text_batch([9, 4])
+    fe.requires_grad_(False)
+    with torch.enable_grad():
+        fe(ids, attention_mask=mask)
+    fe.train()
+    with torch.no_grad():
+        fe(ids, attention_mask=mask)
+    assert planned == []
+    fe.eval()
+    with torch.inference_mode():
+        fe(ids, attention_mask=mask)
+    assert planned == [13]
+
+
+def test_plan_checks_cu_seqlens_once_and_the_op_still_does():
+    x = testing.randn(10, 32)
+    norm = fastenc.layers.LayerNorm(32)
+    bad = torch.tensor([0, 7, 5, 10], dtype=torch.int32)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+            Plan.make(x, bad, 4, norm)
+        with pytest.raises(ValueError, match="cu_seqlens must end at total_tokens=10"):
+            Plan.make(x, torch.tensor([0, 4, 9], dtype=torch.int32), 4, norm)
+        q = x.view(10, 4, 8)
+        with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+            ops.attention(q, q, q, cu_seqlens=bad)
+        assert Plan.make(x.double(), torch.tensor([0, 10], dtype=torch.int32), 4, norm) is None  # fp32 only
+    assert Plan.make(x, torch.tensor([0, 10], dtype=torch.int32), 4, norm) is None  # grad mode on
+
+
+@pytest.mark.parametrize("rows", [5, 33], ids=["few-row-gemm", "plain-gemm"])
+def test_qkv_attention_reads_q_k_v_in_place(rows):
+    hidden, heads = 48, 3
+    lin = Linear(hidden, 3 * hidden)
+    with torch.no_grad():
+        lin.weight.copy_(testing.randn(3 * hidden, hidden, scale=hidden ** -0.5))
+        lin.bias.copy_(testing.randn(3 * hidden))
+    x = testing.randn(rows, hidden)
+    cu = torch.tensor([0, 2, rows], dtype=torch.int32)
+    with torch.no_grad():
+        plan = Plan.make(x, cu, heads, fastenc.layers.LayerNorm(hidden))
+        assert plan is not None
+        out = plan.qkv_attention(lin, x, heads)
+        q, k, v = F.linear(x, lin.weight, lin.bias).view(rows, 3, heads, hidden // heads).unbind(1)
+        ref = ops.attention(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens=cu, backend="reference")
+        # the kernel on strided q, k, v gives exactly what it gives on contiguous copies
+        same = extension.load().attention(q, k, v, cu, rows, -1, -1, 0.25, 0.0, 0, 0)[0]
+        dense = extension.load().attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, rows, -1, -1, 0.25,
+                                           0.0, 0, 0)[0]
+    testing.assert_close(out, ref.reshape(rows, hidden).double())
+    assert torch.equal(same, dense)
+
+
+def _linear(k: int, n: int, bias: bool = True) -> Linear:
+    lin = Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(testing.randn(n, k, scale=k ** -0.5))
+        if bias:
+            lin.bias.copy_(testing.randn(n))
+    return lin
+
+
+def _panels(lin: Linear) -> int:
+    cache = lin.__dict__.get("_panels")
+    return len(cache.packed) if cache is not None else 0
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 7, 3), (16, 33, 41), (13, 384, 1152), (6, 1000, 16)],
+                         ids=["1x7x3", "16x33x41", "13x384x1152", "6x1000x16"])
+def test_few_row_gemm_matches_plain(m, k, n):
+    extension.load()
+    lin = _linear(k, n)
+    x = testing.randn(m, k)
+    acc = testing.randn(m, n)
+    ref = F.linear(x.double(), lin.weight.double(), lin.bias.double())
+    nob = F.linear(x.double(), lin.weight.double())
+    with torch.inference_mode():
+        testing.assert_close(lin(x), ref)
+        assert _panels(lin) == 1, "the few-row GEMM must have run"
+        testing.assert_close(lin(x, with_bias=False), nob)
+        testing.assert_close(lin.accumulate_(x, acc.clone()), acc.double() + nob)
+        wide = testing.randn(m, 2 * k)[:, :k].copy_(x)  # rows k apart inside a wider buffer
+        testing.assert_close(lin(wide), ref)
+        testing.assert_close(lin(x.t().contiguous().t()) if m > 1 else lin(x), ref)  # column-major x: plain GEMM
+
+
+def test_few_row_rule_both_sides():
+    extension.load()
+    w = torch.empty(64, 32)
+    with torch.no_grad():
+        assert prepack.use_panels(torch.empty(prepack.FEW_ROWS, 32), w)
+        assert prepack.use_panels(torch.empty(1, 32), w)
+        assert not prepack.use_panels(torch.empty(prepack.FEW_ROWS + 1, 32), w)
+        assert not prepack.use_panels(torch.empty(0, 32), w)
+        assert not prepack.use_panels(torch.empty(4, 32).double(), w.double())
+        assert not prepack.use_panels(torch.empty(32, 4).t(), w)          # column-major x
+        with fastenc.use_backend("reference"):
+            assert not prepack.use_panels(torch.empty(4, 32), w)
+    assert not prepack.use_panels(torch.empty(4, 32), w)                  # grad mode on
+    lin = _linear(32, 64)
+    with torch.inference_mode():
+        lin(testing.randn(prepack.FEW_ROWS + 1, 32))
+        assert _panels(lin) == 0
+
+
+def test_few_row_panels_follow_weight_changes():
+    extension.load()
+    lin = _linear(40, 56)
+    x = testing.randn(3, 40)
+    with torch.inference_mode():
+        lin(x)
+    first = lin.__dict__["_panels"].packed
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)                                    # in place (LoRA merge writes like this)
+    with torch.inference_mode():
+        testing.assert_close(lin(x), F.linear(x.double(), lin.weight.double(), lin.bias.double()))
+        assert lin.__dict__["_panels"].packed is not first
+    lin.weight = torch.nn.Parameter(testing.randn(56, 40), requires_grad=False)       # replaced
+    with torch.inference_mode():
+        testing.assert_close(lin(x), F.linear(x.double(), lin.weight.double(), lin.bias.double()))
+    lin.double()
+    assert "_panels" not in lin.__dict__
+    with torch.inference_mode():
+        testing.assert_close(lin(x.double()), F.linear(x.double(), lin.weight, lin.bias))  # fp64: plain path
+
+
+def test_few_row_gemm_bad_input_is_named():
+    ext = extension.load()
+    w = testing.randn(20, 8)
+    packed = ext.gemm_pack(w)
+    with pytest.raises(RuntimeError, match="gemm_packed: packed must be"):
+        ext.gemm_packed(testing.randn(2, 9), packed, 20, None, None, False)
+    with pytest.raises(RuntimeError, match="gemm_packed: bias must be"):
+        ext.gemm_packed(testing.randn(2, 8), packed, 20, testing.randn(19), None, False)
+    with pytest.raises(RuntimeError, match="gemm_packed: out must be"):
+        ext.gemm_packed(testing.randn(2, 8), packed, 20, None, testing.randn(3, 20), True)
+    with pytest.raises(RuntimeError, match="gemm_pack: weight must be 2-D float32"):
+        ext.gemm_pack(w.double())
