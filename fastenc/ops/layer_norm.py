@@ -103,6 +103,8 @@ _norm_bwd.register_backends(OP_BWD)
 def _setup_context(ctx, inputs, output):
     x, weight, bias, residual, input_bias, eps, store_residual, stats, backend = inputs
     _, h, mean, rstd = output
+    if h.numel() and mean.numel():  # h and its statistics are all the backward reads: x and residual not kept
+        x = residual = None
     ctx.save_for_backward(x, weight, residual, input_bias, h, mean, rstd)
     ctx.eps, ctx.backend = eps, backend
 

@@ -88,6 +88,8 @@ _norm_bwd.register_backends(OP_BWD)
 def _setup_context(ctx, inputs, output):
     x, weight, residual, eps, stats, backend = inputs
     _, h, rstd = output
+    if h.numel() and rstd.numel():  # h and rstd are all the backward reads: x and residual not kept
+        x = residual = None
     ctx.save_for_backward(x, weight, residual, h, rstd)
     ctx.eps, ctx.backend = eps, backend
 

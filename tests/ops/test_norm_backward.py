@@ -297,3 +297,41 @@ def test_backward_too_wide_for_triton_falls_back_with_a_warning():
     want = torch.autograd.grad(layer_norm_ref(x2, w2), (x2, w2), gy)
     for name, g, wv in zip(("dx", "dweight"), got, want):
         testing.assert_close(g, wv, name=name)
+
+
+def _saved_storages(fn) -> set[int]:
+    """Data pointers of the storages autograd saves while `fn` runs."""
+    ptrs = set()
+
+    def pack(t):
+        ptrs.add(t.untyped_storage().data_ptr())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return ptrs, out
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_training_forward_keeps_only_the_normalized_input(op):
+    """With a residual, the backward reads h = x (+ input_bias) + residual and its statistics: x and residual are
+    not kept for it (they would double the activation memory of a post-norm block), and the gradients still match
+    the reference's."""
+    g = torch.Generator().manual_seed(3)
+    x, r = (torch.randn(37, 96, generator=g).requires_grad_() for _ in range(2))
+    w = (torch.rand(96, generator=g) + 0.5).requires_grad_()
+    if op == "layer_norm":
+        ib = torch.randn(96, generator=g).requires_grad_()
+        call = lambda: fastenc.ops.layer_norm(x, w, None, 1e-5, residual=r, input_bias=ib, return_residual=False)
+        ref = lambda: layer_norm_ref(x, w, None, 1e-5, r, input_bias=ib)[0]
+        inputs = (x, r, w, ib)
+    else:
+        call = lambda: fastenc.ops.rms_norm(x, w, 1e-6, residual=r)[0]
+        ref = lambda: rms_norm_ref(x, w, 1e-6, r)[0]
+        inputs = (x, r, w)
+    ptrs, y = _saved_storages(call)
+    assert x.untyped_storage().data_ptr() not in ptrs and r.untyped_storage().data_ptr() not in ptrs
+    gy = torch.randn(y.shape, generator=g)
+    got = torch.autograd.grad(y, inputs, gy)
+    want = torch.autograd.grad(ref(), inputs, gy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
