@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import fastenc
 from fastenc import extension, ops, testing
 from fastenc.layers import Linear, prepack
+from _layers import random_linear as _linear
 from fastenc.layers.inference import Plan
 from fastenc.models import bert as fbert
 import _models_hf as _hf
@@ -101,15 +102,6 @@ def test_qkv_attention_reads_q_k_v_in_place(rows):
                                            0.0, 0, 0)[0]
     testing.assert_close(out, ref.reshape(rows, hidden).double())
     assert torch.equal(same, dense)
-
-
-def _linear(k: int, n: int, bias: bool = True) -> Linear:
-    lin = Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(testing.randn(n, k, scale=k ** -0.5))
-        if bias:
-            lin.bias.copy_(testing.randn(n))
-    return lin
 
 
 def _panels(lin: Linear) -> int:

@@ -13,21 +13,13 @@ import torch.nn.functional as F
 
 from fastenc import testing
 from fastenc.layers import Linear, prepack
+from _layers import random_linear as _linear
 
 
 @pytest.fixture(autouse=True)
 def plain_gemm(monkeypatch):
     """The plain (unpacked) path at any size: the views are what it multiplies by."""
     monkeypatch.setattr(prepack, "use_packed", lambda x, w: False)
-
-
-def _linear(k: int, n: int, bias: bool = True) -> Linear:
-    lin = Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(testing.randn(n, k, scale=k ** -0.5))
-        if bias:
-            lin.bias.copy_(testing.randn(n))
-    return lin
 
 
 def _ref(x, lin, bias=True):

@@ -10,18 +10,10 @@ import torch.nn.functional as F
 import fastenc
 from fastenc import testing
 from fastenc.layers import Linear, prepack
+from _layers import random_linear as _linear
 
 pytest.importorskip("transformers")
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-
-
-def _linear(k: int, n: int, bias: bool = True) -> Linear:
-    lin = Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(testing.randn(n, k, scale=k ** -0.5))
-        if bias:
-            lin.bias.copy_(testing.randn(n))
-    return lin
 
 
 def _packed_parts(lin: Linear) -> int:
