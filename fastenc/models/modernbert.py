@@ -105,7 +105,8 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x, batch, _ = self._run(input_ids, attention_mask)
         return x, batch
 
-    def _run(self, input_ids, attention_mask=None, column0: bool = False, padded: bool = False):
+    def _run(self, input_ids, attention_mask=None, column0: bool = False, padded: bool = False,
+             first_only: bool = False):
         """(x (total, hidden), PackedBatch, first): first (batch, hidden) is the last hidden state at column 0 of
         each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
         padded query's as transformers computes it (it sees the row's real tokens and is no key itself).
@@ -116,7 +117,11 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         other padded columns it would average over are not computed.
 
         Sliding windows are measured in padded columns, as transformers does: rows whose mask has holes (real
-        tokens not contiguous) get their local layers' attention recomputed by columns.column_attention."""
+        tokens not contiguous) get their local layers' attention recomputed by columns.column_attention.
+
+        first_only=True (without column0 / padded): x is (batch, hidden), each sequence's first real token only
+        (zeros for an empty one): the last layer attends over every token but runs Wo, its norms and its MLP, and the
+        final norm, on those rows alone (cls pooling reads nothing else)."""
         cfg = self.config
         input_ids, mask, _ = check_text_inputs(type(self).__name__, input_ids, attention_mask, None,
                                                cfg.vocab_size, cfg.max_position_embeddings)
@@ -133,7 +138,9 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             hg = self.embeddings(input_ids[rows, cols])
         h = self.embeddings(ids)  # the residual stream
         delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
-        for layer in self.layers:
+        first_only = first_only and not (column0 or padded)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             if delta is None:
                 y = h if layer.attn_norm is None else layer.attn_norm(h)
             else:
@@ -144,10 +151,12 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                 o = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
                 fixed = column_attention(layer.attn, y[hole_tok], hole_rows, pos[hole_tok], y, batch.cu_seqlens,
                                          pos, window, (cos, sin))
-                a = layer.attn.Wo(o.index_copy(0, hole_tok, fixed), with_bias=False)
+                o = o.index_copy(0, hole_tok, fixed)
             else:
-                a = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
-                a = layer.attn.Wo(a, with_bias=False)
+                o = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
+            if first_only and i == last:  # the rest of the last layer only where the pooling reads
+                o, h = _first_rows(o, batch), _first_rows(h, batch)
+            a = layer.attn.Wo(o, with_bias=False)
             a_bias = layer.attn.Wo.output_bias()
             p = layer.out_dropout()
             if p > 0:  # transformers' out_drop(Wo(o)): the bias added before the dropout
@@ -162,9 +171,12 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             y, h = layer.mlp_norm(a, residual=h, input_bias=a_bias)
             delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.output_bias()
         if delta is None:
-            x = self.final_norm(h)
+            x = self.final_norm(_first_rows(h, batch) if first_only else h)
         else:
             x = self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False)
+        if first_only:
+            empty = batch.seqlens() == 0
+            return (x.masked_fill(empty[:, None], 0) if bool(empty.any()) else x), batch, None
         if padded:
             return x, batch, None if rows is None else (rows, cols, self.final_norm(hg))
         first = None
@@ -206,8 +218,11 @@ class ModernBertForSequenceClassification(_ModernBertWithHead):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         name = type(self).__name__
         kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels, heads.grid(input_ids)[0])
-        x, batch = self._encode(input_ids, attention_mask)
-        pooled = batch.mean(x) if self.config.classifier_pooling == "mean" else batch.first_tokens(x)
+        if self.config.classifier_pooling == "mean":
+            x, batch = self._encode(input_ids, attention_mask)
+            pooled = batch.mean(x)
+        else:
+            pooled, _, _ = self._run(input_ids, attention_mask, first_only=True)
         logits = self.classify(pooled)
         if labels is None:
             return logits
@@ -285,6 +300,14 @@ class ModernBertForMaskedLM(ModernBertModel):
         out = heads.masked_lm(name, self.predict, x, batch, labels, None, num_items_in_batch,
                               dense=not self.config.sparse_prediction)
         return {"logits": out} if labels is None else {"loss": out.loss, "logits": out.logits}
+
+
+def _first_rows(x: torch.Tensor, batch) -> torch.Tensor:
+    """(total, hidden) packed rows -> (batch, hidden) at each sequence's first token (an empty sequence takes some
+    valid row; the caller zeroes its output)."""
+    if batch.total == 0:
+        return x.new_zeros(batch.batch, *x.shape[1:])
+    return x.index_select(0, batch.cu_seqlens[:-1].long().clamp(max=batch.total - 1))
 
 
 def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry]:
