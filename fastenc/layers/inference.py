@@ -16,7 +16,9 @@ Under the profiler each direct call is recorded under its op's name (fastenc::la
 
 The QKV projection is one GEMM (tokens, 3 * hidden) whose q, k and v column blocks the attention kernel reads in
 place (its input row stride is 3 * hidden): at 16 tokens one N = 3 * hidden GEMM is ~1.1-1.6x faster than three
-N = hidden ones (MKL and oneDNN, one and two threads).
+N = hidden ones (MKL and oneDNN, one and two threads). The MLP's first projection adds its bias and applies GELU in
+the few-row GEMM's epilogue (`linear_gelu`). A model may make the Plan on its embeddings' sum and run the embeddings'
+LayerNorm through it too (`embed_norm`: BERT's).
 """
 from __future__ import annotations
 
@@ -94,8 +96,20 @@ class Plan:
         with self._named("fastenc::layer_norm"):
             return self.ext.layer_norm(x, norm.weight, norm.bias, None, input_bias, norm.eps, False, False)[0]
 
-    def gelu_(self, h: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
-        """h = gelu(h + bias) in place. h: (tokens, n) contiguous fp32."""
+    def embed_norm(self, norm, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """LayerNorm(x + residual) -> a new (tokens, hidden) tensor (the embeddings' sum: not kept)."""
+        with self._named("fastenc::layer_norm"):
+            return self.ext.layer_norm(x, norm.weight, norm.bias, residual, None, norm.eps, False, False)[0]
+
+    def linear_gelu(self, fc: Linear, x: torch.Tensor, approximate: str) -> torch.Tensor:
+        """gelu(fc(x)) (the MLP's first projection): x (tokens, in) -> (tokens, out). Up to prepack.FEW_ROWS rows
+        the bias and the GELU are the few-row GEMM's epilogue (no second pass over the output); else the GEMM,
+        then gelu(h + bias) in place."""
+        w = fc.weight
+        if prepack.use_panels(x, w):
+            return prepack.few_rows(x, fc._packed(w, panels=True)[0], fc.out_features, fc.bias,
+                                    extension.buffer_empty((x.shape[0], fc.out_features), x), gelu=approximate)
+        h = fc(x, with_bias=False)
         with self._named("fastenc::gelu_out"):
-            self.ext.gelu_out(h, bias, approximate, h)
+            self.ext.gelu_out(h, fc.bias, approximate, h)
         return h

@@ -46,14 +46,13 @@ def check_text_inputs(name: str, input_ids, attention_mask, token_type_ids, voca
         if tuple(token_type_ids.shape) != tuple(input_ids.shape):
             raise ValueError(f"{name}: token_type_ids must have input_ids' shape {tuple(input_ids.shape)}, got "
                              f"{tuple(token_type_ids.shape)}")
-        if type_vocab_size is not None and token_type_ids.numel() and (
-                int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= type_vocab_size):
-            raise ValueError(f"{name}: token_type_ids must be in [0, {type_vocab_size}), got "
-                             f"[{int(token_type_ids.min())}, {int(token_type_ids.max())}]")
-    if max_positions is not None:
-        seq = input_ids.shape[1]
-        last = seq
-        if attention_mask is not None and seq:
+        if type_vocab_size is not None and token_type_ids.numel():
+            lo, hi = (int(v) for v in torch.aminmax(token_type_ids))
+            if lo < 0 or hi >= type_vocab_size:
+                raise ValueError(f"{name}: token_type_ids must be in [0, {type_vocab_size}), got [{lo}, {hi}]")
+    if max_positions is not None and input_ids.shape[1] > max_positions:  # (a sequence that fits needs no look)
+        last = input_ids.shape[1]
+        if attention_mask is not None:  # padding past the table is allowed: the last real column decides
             cols = attention_mask.any(0).nonzero()
             last = int(cols.max()) + 1 if cols.numel() else 0
         if last > max_positions:
