@@ -9,8 +9,9 @@
 // K = 384-3072) stays in L1/L2 while every row block of x passes over it; the panels are split over the threads.
 // Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so
 // y = x W^T + bias + y_old leaves the registers once; with an activation (the MLP's first projection) each row
-// block's GELU runs on its just-stored MR x NW tile while it is still in L1 (csrc/cpu/act.cpp's gelu_fwd, the same
-// kernel as the standalone op), instead of a second pass over the (rows, N) output after the GEMM.
+// block's GELU runs on its just-stored MR x NW tile while it is still in L1 (fast_math.h's fm_gelu_erf / tanh, the
+// math of act.cpp's GELU kernel, inlined: calling that kernel per tile row would open an OpenMP region per call,
+// ~0.5 us each), instead of a second pass over the (rows, N) output after the GEMM.
 #include <algorithm>
 #include <cstring>
 
@@ -19,7 +20,7 @@
 #include <immintrin.h>
 #endif
 
-#include "cpu_kernels.h"
+#include "fast_math.h"
 #include "gemm.h"
 #include "parallel.h"
 
@@ -123,6 +124,16 @@ void tile_rows(int64_t rows, const float* x, int64_t ldx, const float* wp, int64
   tile<R>(x, ldx, wp, K, bias, y, ldy, accumulate, ncols);
 }
 
+// y = gelu(y) on rows x ncols (rows ldy apart), exact (erf) or tanh form.
+template <bool TANH>
+void gelu_tile(float* y, int64_t ldy, int64_t rows, int64_t ncols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * ldy;
+#pragma omp simd
+    for (int64_t j = 0; j < ncols; ++j) yr[j] = TANH ? fm_gelu_tanh(yr[j]) : fm_gelu_erf(yr[j]);
+  }
+}
+
 }  // namespace
 
 int64_t gemm_panel_width() { return NW; }
@@ -151,9 +162,10 @@ void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float*
       const int64_t rows = std::min<int64_t>(MR, m - i0);
       float* yt = y + i0 * ldy + c0;
       tile_rows<MR>(rows, x + i0 * ldx, ldx, panel, k, b, yt, ldy, accumulate, ncols);
-      if (act != GemmActivation::kNone)  // gelu(y) in place on the tile's rows (bias already in y)
-        for (int64_t r = 0; r < rows; ++r)
-          gelu_fwd(yt + r * ldy, nullptr, yt + r * ldy, 1, ncols, act == GemmActivation::kGeluTanh);
+      if (act == GemmActivation::kGelu)  // gelu(y) in place on the tile's rows (bias already in y)
+        gelu_tile<false>(yt, ldy, rows, ncols);
+      else if (act == GemmActivation::kGeluTanh)
+        gelu_tile<true>(yt, ldy, rows, ncols);
     }
   }
 }

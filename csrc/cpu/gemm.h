@@ -9,7 +9,7 @@ int64_t gemm_panel_width();
 // w (n, k) row-major -> out (ceil(n / width), k, width): panel p holds w[p * width + j][kk] at [p][kk][j], zero past n.
 void gemm_pack(const float* w, int64_t n, int64_t k, float* out);
 // The few-row GEMM's epilogue activation, applied after the bias and the accumulated y: none, exact (erf) GELU or
-// tanh GELU (gelu_fwd in act.cpp).
+// tanh GELU (the math of act.cpp's gelu_fwd).
 enum class GemmActivation { kNone, kGelu, kGeluTanh };
 
 // y (m, n), row stride ldy = x (m, k), row stride ldx, times W^T (W packed by gemm_pack) (+ bias (n,)) (+ y when
