@@ -65,8 +65,10 @@ def pack_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     """Unpad once: returns (PackedBatch, packed ids (total,), packed positions (total,) = column in the padded row)."""
     b, s = input_ids.shape
     batch = PackedBatch(attention_mask, b, s, input_ids.device)
-    pos = torch.arange(s, device=input_ids.device).expand(b, s)
-    return batch, batch.gather(input_ids), batch.gather(pos)
+    cols = torch.arange(s, device=input_ids.device)
+    if batch.indices is None:  # nothing padded: the ids as they are, the columns row after row
+        return batch, input_ids.reshape(-1), cols if b == 1 else cols.repeat(b)
+    return batch, batch.gather(input_ids), batch.gather(cols.expand(b, s))
 
 
 def first_real(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
