@@ -42,9 +42,11 @@ class Plan:
         self.ext, self.cu_seqlens, self.max_seqlen, self.record = ext, cu_seqlens, max_seqlen, record
 
     @staticmethod
-    def make(x: torch.Tensor, cu_seqlens: torch.Tensor, heads: int, norm) -> "Plan | None":
+    def make(x: torch.Tensor, cu_seqlens: torch.Tensor, heads: int, norm, rope: tuple | None = None) -> "Plan | None":
         """A Plan for layers over x (tokens, hidden) split into `heads` heads, with LayerNorms like `norm`, or None
-        when the direct form does not apply. cu_seqlens (int32 (batch+1,)) is validated here, once."""
+        when the direct form does not apply. cu_seqlens (int32 (batch+1,)) is validated here, once.
+        rope (cos, sin, positions): pre-norm GeGLU blocks with RoPE (ModernBERT's, `pre_norm_block`): the registry
+        is asked for rope and geglu instead of gelu."""
         if (torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu"
                 or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0
                 or x.shape[1] % heads):
@@ -54,9 +56,14 @@ class Plan:
         longest = max(b - a for a, b in zip(cu, cu[1:]))
         qkv = x.view(t, heads, x.shape[1] // heads)
         asks = (("layer_norm", {"x": x, "weight": norm.weight, "bias": norm.bias, "residual": None}),
-                ("gelu", {"x": x, "bias": None}),
                 ("attention", {"q": qkv, "k": qkv, "v": qkv, "cu_seqlens": cu_seqlens, "max_seqlen": longest,
                                "window": (-1, -1), "scale": 1.0, "dropout_p": 0.0}))
+        if rope is None:
+            asks += (("gelu", {"x": x, "bias": None}),)
+        else:
+            cos, sin, pos = rope
+            asks += (("rope", {"q": qkv, "k": qkv, "cos": cos, "sin": sin, "positions": pos}),
+                     ("geglu", {"x": x}))
         try:
             if any(registry.select(op, inputs).backend != "cpu" for op, inputs in asks):
                 return None
@@ -113,3 +120,42 @@ class Plan:
         with self._named("fastenc::gelu_out"):
             self.ext.gelu_out(h, fc.bias, approximate, h)
         return h
+
+
+def pre_norm_block(plan: Plan, layer, h: torch.Tensor, rope: tuple, approximate: str) -> torch.Tensor:
+    """One pre-norm GeGLU block with RoPE (ModernBERT's ModernBertLayer, eval, no dropout) through the Plan, the
+    residual stream h (tokens, hidden) updated in place and returned:
+    h += Wo(attention(rope(q, k), v)) of LayerNorm(h) (layer 0 has no norm there); h += Wo(geglu(Wi(LayerNorm(h)))).
+    rope: (cos, sin, positions int32 (tokens,)) of this layer's type."""
+    a, mlp = layer.attn, layer.mlp
+    t, hidden = h.shape
+    y = h if layer.attn_norm is None else plan.layer_norm(layer.attn_norm, h, None)
+    w = a.Wqkv.weight
+    if prepack.use_panels(y, w):
+        qkv = prepack.few_rows(y, a.Wqkv._packed(w, panels=True)[0], 3 * hidden, a.Wqkv.bias,
+                               extension.buffer_empty((t, 3 * hidden), y))
+    else:
+        qkv = a.Wqkv(y)
+    q, k, v = qkv.view(t, 3, a.heads, hidden // a.heads).unbind(1)
+    cos, sin, pos = rope
+    with plan._named("fastenc::rope"):
+        q, k = plan.ext.rope(q, k, cos, sin, pos)
+    wl, wr = (-1, -1) if a.window is None else a.window
+    with plan._named("fastenc::attention"):
+        o = plan.ext.attention(q, k, v, plan.cu_seqlens, plan.max_seqlen, wl, wr,
+                               1.0 / math.sqrt(hidden // a.heads), 0.0, 0, 0)[0]
+    _accumulate(a.Wo, o.view(t, hidden), h)
+    hi = mlp.Wi(plan.layer_norm(layer.mlp_norm, h, None))
+    n = hi.shape[1] // 2
+    g = hi[:, :n]
+    with plan._named("fastenc::geglu"):
+        plan.ext.geglu_out(hi, approximate, g)
+    _accumulate(mlp.Wo, g, h)
+    return h
+
+
+def _accumulate(linear: Linear, x: torch.Tensor, out: torch.Tensor) -> None:
+    """out += linear(x), bias included, in place."""
+    linear.accumulate_(x, out)
+    if linear.bias is not None:
+        out.add_(linear.bias)

@@ -233,3 +233,37 @@ def test_position_check_reads_the_mask_only_past_the_table():
         mask[1, 165] = 1
         with pytest.raises(ValueError, match=r"sequence length 166 exceeds the position table"):
             fe(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("lengths,bias", [([16], False), ([40, 13, 1], False), ([23, 9], True)],
+                         ids=["1x16", "mixed", "mixed-bias"])
+def test_modernbert_planned_forward_matches_transformers(monkeypatch, lengths, bias):
+    # pre-norm GeGLU blocks with RoPE through the plan: a global layer and a local one whose 8-token window is
+    # shorter than the longest row; biases on every linear and norm in one case
+    from fastenc.models import modernbert as fmb
+    calls = []
+    real = fmb.pre_norm_block
+
+    def spy(plan, layer, h, rope, approximate):
+        calls.append(h.shape[0])
+        return real(plan, layer, h, rope, approximate)
+
+    monkeypatch.setattr(fmb, "pre_norm_block", spy)
+    hf = _hf.modernbert("base", hidden=48, heads=3, layers=2, local_attention=8, attention_bias=bias,
+                        mlp_bias=bias, norm_bias=bias)
+    fe = fastenc.from_hf(hf)
+    ids, mask, _ = _hf.text_batch(lengths, seed=len(lengths))
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask).last_hidden_state
+        out = fe(ids, attention_mask=mask)
+    assert calls == [sum(lengths)] * 2
+    err = float((out - ref)[mask.bool()].abs().max())
+    assert err <= 1e-4, err
+    calls.clear()
+    with torch.no_grad(), fastenc.use_backend("reference"):  # the backend choice still decides: no plan
+        out_ref = fe(ids, attention_mask=mask)
+    with torch.no_grad():
+        fe.train()
+        fe(ids, attention_mask=mask)
+    assert calls == []
+    testing.assert_close(out[mask.bool()], out_ref[mask.bool()].double())
