@@ -5,20 +5,23 @@ through the torch.library dispatcher and returns empty placeholders for the outp
 of host work per call, several times the kernel itself at batch 1 x 16 tokens, paid by every op of every layer.
 A Plan does that work once per forward instead: it validates cu_seqlens once, asks the registry once per op with
 the forward's own inputs (so use_backend(...) / FASTENC_BACKEND / an unsupported input still decide), and, when
-the cpu backend serves all three ops, the layer loop of that same forward calls the cpu kernels directly with the
+the cpu backend serves all its ops, the layer loop of that same forward calls the cpu kernels directly with the
 tensors the model built itself. A Plan is made by the forward that uses it and dropped with it (never kept across
 calls: a later call may come with other inputs, another backend choice or grad mode on).
 
 When a Plan is made (`make`): grad mode off (torch.no_grad / inference_mode), not under torch.compile tracing, x a
-contiguous fp32 CPU (tokens, hidden) tensor, and the registry choosing the cpu backend for layer_norm, gelu and
-attention on these inputs. Otherwise None, and the caller runs the public ops (which raise what they raise).
+contiguous fp32 CPU (tokens, hidden) tensor, and the registry choosing the cpu backend for layer_norm, attention
+and gelu (post-norm BERT blocks) or rope and geglu (pre-norm ModernBERT blocks, `pre_norm_block`) on these inputs. Otherwise None, and the caller runs the public ops (which raise what they raise).
 Under the profiler each direct call is recorded under its op's name (fastenc::layer_norm, ...).
 
 The QKV projection is one GEMM (tokens, 3 * hidden) whose q, k and v column blocks the attention kernel reads in
 place (its input row stride is 3 * hidden): at 16 tokens one N = 3 * hidden GEMM is ~1.1-1.6x faster than three
 N = hidden ones (MKL and oneDNN, one and two threads). The MLP's first projection adds its bias and applies GELU in
 the few-row GEMM's epilogue (`linear_gelu`). A model may make the Plan on its embeddings' sum and run the embeddings'
-LayerNorm through it too (`embed_norm`: BERT's).
+LayerNorm through it too (`embed_norm`: BERT's). ModernBERT's blocks (`pre_norm_block`): q and k rotated by the
+RoPE kernel into new tensors (v copied by the attention kernel, its strides then differing from theirs), the local
+layers' window passed to the attention kernel, GeGLU written over the input half of Wi's output, and Wo's and the
+MLP's output projections accumulated into the residual stream in place.
 """
 from __future__ import annotations
 
