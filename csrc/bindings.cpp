@@ -363,7 +363,8 @@ Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approxi
 
 // ---------------------------------------------------------------- few-row packed GEMM (cpu)
 // gemm_pack: w (n, k) fp32 -> its panels (csrc/cpu/gemm.cpp). gemm_packed: x (m, k) fp32 (unit column stride) times
-// the packed W^T (+ bias (n,)) -> out (m, n) (unit column stride; a new tensor when not given), out += when accumulate.
+// the packed W^T (+ bias (n,)) -> out (m, n) (unit column stride; a new tensor when not given), out += when accumulate;
+// gelu ("none": exact, "tanh") applied last when given (the MLP's first projection), None for no activation.
 Tensor gemm_pack(const Tensor& w) {
   check_cpu(w, "weight");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat, "gemm_pack: weight must be 2-D float32, got ",
@@ -376,7 +377,7 @@ Tensor gemm_pack(const Tensor& w) {
 }
 
 Tensor gemm_packed(const Tensor& x, const Tensor& packed, int64_t n, const OptTensor& bias, const OptTensor& out,
-                   bool accumulate) {
+                   bool accumulate, const std::optional<std::string>& gelu) {
   check_cpu(x, "x");
   check_cpu(packed, "packed");
   const int64_t nw = fastenc_cpu::gemm_panel_width();
@@ -390,6 +391,10 @@ Tensor gemm_packed(const Tensor& x, const Tensor& packed, int64_t n, const OptTe
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n),
               "gemm_packed: bias must be (", n, ",) float32");
   TORCH_CHECK(!accumulate || out, "gemm_packed: accumulate needs out");
+  TORCH_CHECK(!gelu || *gelu == "none" || *gelu == "tanh", "gemm_packed: gelu must be None, 'none' or 'tanh', got '",
+              gelu ? *gelu : "", "'");
+  const auto act = !gelu ? fastenc_cpu::GemmActivation::kNone
+                         : (*gelu == "tanh" ? fastenc_cpu::GemmActivation::kGeluTanh : fastenc_cpu::GemmActivation::kGelu);
   if (out) {
     check_cpu(*out, "out");
     TORCH_CHECK(out->scalar_type() == at::kFloat && out->dim() == 2 && out->size(0) == m && out->size(1) == n &&
@@ -401,7 +406,7 @@ Tensor gemm_packed(const Tensor& x, const Tensor& packed, int64_t n, const OptTe
   if (m > 0 && n > 0)
     fastenc_cpu::gemm_packed(x.data_ptr<float>(), m, k, std::max<int64_t>(x.stride(0), 1), packed.data_ptr<float>(),
                              n, bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                             std::max<int64_t>(y.stride(0), 1), accumulate, at::get_num_threads());
+                             std::max<int64_t>(y.stride(0), 1), accumulate, at::get_num_threads(), act);
   return y;
 }
 
@@ -598,7 +603,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // cpu half defs
   m.def("buffer_empty", &buffer_empty, "uninitialized CPU tensor from the buffer cache");
   m.def("gemm_pack", &gemm_pack, "weight (n, k) fp32 -> the few-row GEMM's packed panels");
-  m.def("gemm_packed", &gemm_packed, "x @ W^T (+ bias) (+ out) with W packed by gemm_pack, fp32");
+  m.def("gemm_packed", &gemm_packed, "x @ W^T (+ bias) (+ out) (then gelu) with W packed by gemm_pack, fp32");
   m.def("buffer_cache_stats", &buffer_cache_stats, "(in use, cached, peak in use, hits, misses): bytes, counts");
   m.def("buffer_cache_release", &fastenc_cpu::cache_release, "free every cached block");
   m.def("set_buffer_cache", &set_buffer_cache, "turn the buffer cache on or off (off also frees it)");

@@ -7,6 +7,11 @@
 // MR * NC vector accumulators in registers; each k step loads NC vectors of the panel, broadcasts MR values of x
 // and does MR * NC FMAs: y[i][j] = sum_k x[i][k] * W[j][k], k ascending. A panel (K x NW floats: 24-192 KiB at
 // K = 384-3072) stays in L1/L2 while every row block of x passes over it; the panels are split over the threads.
+// Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so
+// y = x W^T + bias + y_old leaves the registers once; with an activation (the MLP's first projection) each row
+// block's GELU runs on its just-stored MR x NW tile while it is still in L1 (fast_math.h's fm_gelu_erf / tanh, the
+// math of act.cpp's GELU kernel, inlined: calling that kernel per tile row would open an OpenMP region per call,
+// ~0.5 us each), instead of a second pass over the (rows, N) output after the GEMM.
 #include <algorithm>
 #include <cstring>
 
@@ -15,6 +20,7 @@
 #include <immintrin.h>
 #endif
 
+#include "fast_math.h"
 #include "gemm.h"
 #include "parallel.h"
 
@@ -118,6 +124,16 @@ void tile_rows(int64_t rows, const float* x, int64_t ldx, const float* wp, int64
   tile<R>(x, ldx, wp, K, bias, y, ldy, accumulate, ncols);
 }
 
+// y = gelu(y) on rows x ncols (rows ldy apart), exact (erf) or tanh form.
+template <bool TANH>
+void gelu_tile(float* y, int64_t ldy, int64_t rows, int64_t ncols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * ldy;
+#pragma omp simd
+    for (int64_t j = 0; j < ncols; ++j) yr[j] = TANH ? fm_gelu_tanh(yr[j]) : fm_gelu_erf(yr[j]);
+  }
+}
+
 }  // namespace
 
 int64_t gemm_panel_width() { return NW; }
@@ -133,7 +149,7 @@ void gemm_pack(const float* w, int64_t n, int64_t k, float* out) {
 }
 
 void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* wp, int64_t n, const float* bias,
-                 float* y, int64_t ldy, bool accumulate, int num_threads) {
+                 float* y, int64_t ldy, bool accumulate, int num_threads, GemmActivation act) {
   const int64_t panels = (n + NW - 1) / NW;
   const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && panels > 1
                      ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
@@ -142,9 +158,15 @@ void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float*
     const int64_t c0 = p * NW, ncols = std::min<int64_t>(NW, n - c0);
     const float* panel = wp + p * k * NW;
     const float* b = bias != nullptr ? bias + c0 : nullptr;
-    for (int64_t i0 = 0; i0 < m; i0 += MR)
-      tile_rows<MR>(std::min<int64_t>(MR, m - i0), x + i0 * ldx, ldx, panel, k, b, y + i0 * ldy + c0, ldy,
-                    accumulate, ncols);
+    for (int64_t i0 = 0; i0 < m; i0 += MR) {
+      const int64_t rows = std::min<int64_t>(MR, m - i0);
+      float* yt = y + i0 * ldy + c0;
+      tile_rows<MR>(rows, x + i0 * ldx, ldx, panel, k, b, yt, ldy, accumulate, ncols);
+      if (act == GemmActivation::kGelu)  // gelu(y) in place on the tile's rows (bias already in y)
+        gelu_tile<false>(yt, ldy, rows, ncols);
+      else if (act == GemmActivation::kGeluTanh)
+        gelu_tile<true>(yt, ldy, rows, ncols);
+    }
   }
 }
 

@@ -111,14 +111,15 @@ def use_panels(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def few_rows(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
-             out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+             out: torch.Tensor | None = None, accumulate: bool = False, gelu: str | None = None) -> torch.Tensor:
     """x @ W.T (+ bias) with W packed by PackCache(panels=True) (n rows): into `out` ((rows, n), unit column
-    stride) when given, added to it when accumulate; else a new tensor. x: (rows, in) fp32, unit column stride.
+    stride) when given, added to it when accumulate; else a new tensor. gelu ("none": exact, "tanh"): gelu of
+    that, in the GEMM's epilogue. x: (rows, in) fp32, unit column stride.
     Under the profiler the call is recorded as "fastenc::gemm_packed MxKxN" (fastenc.benchmark.latency reads it)."""
     if torch.autograd.profiler._is_profiler_enabled:
         with torch.profiler.record_function(f"{GEMM_EVENT} {x.shape[0]}x{x.shape[1]}x{n}"):
-            return extension.load().gemm_packed(x, panels, n, bias, out, accumulate)
-    return extension.load().gemm_packed(x, panels, n, bias, out, accumulate)
+            return extension.load().gemm_packed(x, panels, n, bias, out, accumulate, gelu)
+    return extension.load().gemm_packed(x, panels, n, bias, out, accumulate, gelu)
 
 
 GEMM_EVENT = "fastenc::gemm_packed"  # the profiler name of few_rows (followed by its M x K x N)

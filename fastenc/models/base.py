@@ -46,14 +46,13 @@ def check_text_inputs(name: str, input_ids, attention_mask, token_type_ids, voca
         if tuple(token_type_ids.shape) != tuple(input_ids.shape):
             raise ValueError(f"{name}: token_type_ids must have input_ids' shape {tuple(input_ids.shape)}, got "
                              f"{tuple(token_type_ids.shape)}")
-        if type_vocab_size is not None and token_type_ids.numel() and (
-                int(token_type_ids.min()) < 0 or int(token_type_ids.max()) >= type_vocab_size):
-            raise ValueError(f"{name}: token_type_ids must be in [0, {type_vocab_size}), got "
-                             f"[{int(token_type_ids.min())}, {int(token_type_ids.max())}]")
-    if max_positions is not None:
-        seq = input_ids.shape[1]
-        last = seq
-        if attention_mask is not None and seq:
+        if type_vocab_size is not None and token_type_ids.numel():
+            lo, hi = (int(v) for v in torch.aminmax(token_type_ids))
+            if lo < 0 or hi >= type_vocab_size:
+                raise ValueError(f"{name}: token_type_ids must be in [0, {type_vocab_size}), got [{lo}, {hi}]")
+    if max_positions is not None and input_ids.shape[1] > max_positions:  # (a sequence that fits needs no look)
+        last = input_ids.shape[1]
+        if attention_mask is not None:  # padding past the table is allowed: the last real column decides
             cols = attention_mask.any(0).nonzero()
             last = int(cols.max()) + 1 if cols.numel() else 0
         if last > max_positions:
@@ -66,8 +65,10 @@ def pack_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     """Unpad once: returns (PackedBatch, packed ids (total,), packed positions (total,) = column in the padded row)."""
     b, s = input_ids.shape
     batch = PackedBatch(attention_mask, b, s, input_ids.device)
-    pos = torch.arange(s, device=input_ids.device).expand(b, s)
-    return batch, batch.gather(input_ids), batch.gather(pos)
+    cols = torch.arange(s, device=input_ids.device)
+    if batch.indices is None:  # nothing padded: the ids as they are, the columns row after row
+        return batch, input_ids.reshape(-1), cols if b == 1 else cols.repeat(b)
+    return batch, batch.gather(input_ids), batch.gather(cols.expand(b, s))
 
 
 def first_real(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

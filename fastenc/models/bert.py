@@ -63,6 +63,20 @@ class BertEmbeddings(nn.Module):
         x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
+    def planned(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None, layers,
+                cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, Plan | None]:
+        """forward() in inference, with the Plan of the blocks that follow (fastenc.layers.inference) made on the
+        embeddings' sum and running their LayerNorm -> (x, plan); plan None (x as forward()'s) when none applies."""
+        if self.training or torch.is_grad_enabled() or type(self.norm) is not LayerNorm:
+            return self(ids, positions, types), None
+        x = F.embedding(ids, self.word.weight, padding_idx=self.pad)
+        x.add_(self.token_type.weight[0] if types is None else F.embedding(types, self.token_type.weight))
+        plan = _plan(layers, x, cu_seqlens)
+        at = F.embedding(positions, self.position.weight)
+        if plan is None:
+            return self.norm(at, residual=x, return_residual=False), None
+        return plan.embed_norm(self.norm, at, x), plan
+
 
 class BertLayer(nn.Module):
     """Post-norm block: x = LN(x + drop(attn(x))); x = LN(x + drop(mlp(x))). Inference (no autograd recording, no
@@ -94,12 +108,14 @@ class BertLayer(nn.Module):
         return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, p)
 
 
-def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, column0: bool, padded: bool):
+def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, column0: bool, padded: bool,
+               plan: Plan | None = None):
     """Post-norm blocks over the packed tokens x, with padded queries (rows, cols, states) run beside them (each
     block reads x before overwriting it). Returns what `_run` returns: (x, batch, first), first being column 0's
-    state per row (column0), the padded queries (rows, cols, states) (padded), or None."""
+    state per row (column0), the padded queries (rows, cols, states) (padded), or None. plan: the forward's Plan
+    when the embeddings made it (BertEmbeddings.planned), else one is made here when it applies."""
     rows, cols, xg = queries if queries is not None else (None, None, None)
-    plan = _plan(layers, x, batch.cu_seqlens)
+    plan = _plan(layers, x, batch.cu_seqlens) if plan is None else plan
     for layer in layers:
         if rows is not None:  # (before `layer` overwrites x)
             o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
@@ -136,8 +152,7 @@ def _planned_block(layer: BertLayer, x: torch.Tensor, plan: Plan) -> torch.Tenso
     a, mlp = layer.attn, layer.mlp
     a.Wo.accumulate_(plan.qkv_attention(a.Wqkv, x, a.heads, a.window), x)
     x = plan.layer_norm(layer.attn_norm, x, a.Wo.bias)
-    h = plan.gelu_(mlp.fc1(x, with_bias=False), mlp.fc1.bias, _GELU[mlp.act])
-    mlp.fc2.accumulate_(h, x)
+    mlp.fc2.accumulate_(plan.linear_gelu(mlp.fc1, x, _GELU[mlp.act]), x)
     return plan.layer_norm(layer.mlp_norm, x, mlp.fc2.bias)
 
 
@@ -180,11 +195,16 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         if rows is not None:
             cols = torch.zeros_like(rows) if cols is None else cols
         at, at_queries = self._positions(input_ids, batch, ids, pos, rows, cols)
-        x = self.embeddings(ids, at, None if types is None else batch.gather(types))
+        packed_types = None if types is None else batch.gather(types)
+        if type(self.embeddings) is BertEmbeddings:  # (its LayerNorm through the blocks' inference Plan)
+            x, plan = self.embeddings.planned(ids, at, packed_types, self.layers, batch.cu_seqlens)
+        else:
+            x, plan = self.embeddings(ids, at, packed_types), None
         xg = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
             xg = self.embeddings(input_ids[rows, cols], at_queries, None if types is None else types[rows, cols])
-        return run_blocks(self.layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded)
+        return run_blocks(self.layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded,
+                          plan)
 
     def _positions(self, input_ids, batch, ids, pos, rows, cols):
         """Position ids (packed tokens (total,), padded queries (n,) or None) for the position embedding: BERT's

@@ -21,6 +21,7 @@ from torch import nn
 
 from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.layers.inference import Plan, pre_norm_block
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
@@ -63,6 +64,20 @@ class ModernBertLayer(nn.Module):
     def out_dropout(self) -> float:
         """The dropout on Wo's output (transformers' out_drop: attention_dropout), 0 in eval mode."""
         return self.attn.dropout if self.training else 0.0
+
+
+def _plan(layers, h: torch.Tensor, cu_seqlens: torch.Tensor, tables: dict, pos: torch.Tensor) -> Plan | None:
+    """This forward's direct cpu-kernel form of the blocks (fastenc.layers.inference.pre_norm_block), or None: only
+    for ModernBERT's own blocks in eval mode with plain Linears (not carrying unmerged LoRA), no autograd recording."""
+    if not layers or torch.is_grad_enabled():
+        return None
+    for layer in layers:
+        if (not isinstance(layer, ModernBertLayer) or layer.training or type(layer.mlp) is not GeGLUMLP
+                or type(layer.mlp_norm) is not LayerNorm
+                or (layer.attn_norm is not None and type(layer.attn_norm) is not LayerNorm)
+                or any(type(m) is not Linear for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo))):
+            return None
+    return Plan.make(h, cu_seqlens, layers[0].attn.heads, layers[0].mlp_norm, (*tables[layers[0].kind], pos))
 
 
 class ModernBertHead(nn.Module):
@@ -137,10 +152,14 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             cols = torch.zeros_like(rows) if cols is None else cols
             hg = self.embeddings(input_ids[rows, cols])
         h = self.embeddings(ids)  # the residual stream
+        plan = _plan(self.layers, h, batch.cu_seqlens, tables, pos) if hole_tok is None and rows is None else None
+        if plan is not None:  # inference on CPU: the blocks through one plan (fastenc.layers.inference)
+            for layer in self.layers:
+                h = pre_norm_block(plan, layer, h, (*tables[layer.kind], pos), layer.mlp.approximate)
         delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
         first_only = first_only and not (column0 or padded)
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers if plan is None else ()):
             if delta is None:
                 y = h if layer.attn_norm is None else layer.attn_norm(h)
             else:

@@ -30,8 +30,22 @@ def planned(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def embed_norms(monkeypatch):
+    """Counts the embeddings' LayerNorms run through a plan."""
+    calls = []
+    real = Plan.embed_norm
+
+    def spy(self, norm, x, residual):
+        calls.append(x.shape[0])
+        return real(self, norm, x, residual)
+
+    monkeypatch.setattr(Plan, "embed_norm", spy)
+    return calls
+
+
 @pytest.mark.parametrize("lengths", [[16], [5], [17, 1, 40]], ids=["1x16", "1x5", "mixed"])
-def test_planned_forward_matches_transformers(planned, lengths):
+def test_planned_forward_matches_transformers(planned, embed_norms, lengths):
     hf = _hf.bert("base", hidden=72, heads=3, layers=2)  # head_dim 24, intermediate 152 (a partial GEMM panel)
     fe = fastenc.from_hf(hf)
     ids, mask, types = _hf.text_batch(lengths, seed=len(lengths))
@@ -39,6 +53,7 @@ def test_planned_forward_matches_transformers(planned, lengths):
         ref = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
         out = fe(ids, attention_mask=mask, token_type_ids=types)
     assert planned == [sum(lengths)] * 2
+    assert embed_norms == [sum(lengths)]
     err = float((out - ref)[mask.bool()].abs().max())
     assert err <= 1e-4, err
     planned.clear()
@@ -173,10 +188,82 @@ def test_few_row_gemm_bad_input_is_named():
     w = testing.randn(20, 8)
     packed = ext.gemm_pack(w)
     with pytest.raises(RuntimeError, match="gemm_packed: packed must be"):
-        ext.gemm_packed(testing.randn(2, 9), packed, 20, None, None, False)
+        ext.gemm_packed(testing.randn(2, 9), packed, 20, None, None, False, None)
     with pytest.raises(RuntimeError, match="gemm_packed: bias must be"):
-        ext.gemm_packed(testing.randn(2, 8), packed, 20, testing.randn(19), None, False)
+        ext.gemm_packed(testing.randn(2, 8), packed, 20, testing.randn(19), None, False, None)
     with pytest.raises(RuntimeError, match="gemm_packed: out must be"):
-        ext.gemm_packed(testing.randn(2, 8), packed, 20, None, testing.randn(3, 20), True)
+        ext.gemm_packed(testing.randn(2, 8), packed, 20, None, testing.randn(3, 20), True, None)
     with pytest.raises(RuntimeError, match="gemm_pack: weight must be 2-D float32"):
         ext.gemm_pack(w.double())
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("m,k,n", [(1, 7, 3), (16, 33, 41), (7, 96, 152)], ids=["1x7x3", "16x33x41", "7x96x152"])
+def test_few_row_gemm_gelu_epilogue(m, k, n, approximate):
+    # bias + GELU in the GEMM's epilogue against fp64, partial panels (n not a multiple of the panel width), partial
+    # row blocks, into a wider buffer; the MLP's first projection through the plan takes it
+    extension.load()
+    lin = _linear(k, n)
+    x = testing.randn(m, k, scale=2.0)
+    ref = F.gelu(F.linear(x.double(), lin.weight.double(), lin.bias.double()), approximate=approximate)
+    out = testing.randn(m, n + 5)[:, :n].fill_(float("nan"))  # poisoned, rows n + 5 apart
+    with torch.inference_mode():
+        packed = lin._packed(lin.weight, panels=True)[0]
+        got = prepack.few_rows(x, packed, n, lin.bias, out, gelu=approximate)
+        testing.assert_close(got, ref)
+        assert got.data_ptr() == out.data_ptr()
+        plan = Plan(extension.load(), torch.tensor([0, m], dtype=torch.int32), m, False)
+        testing.assert_close(plan.linear_gelu(lin, x, approximate), ref)
+        big = testing.randn(prepack.FEW_ROWS + 1, k)  # past FEW_ROWS: the GEMM, then the GELU kernel
+        testing.assert_close(plan.linear_gelu(lin, big, approximate),
+                             F.gelu(F.linear(big.double(), lin.weight.double(), lin.bias.double()),
+                                    approximate=approximate))
+    with pytest.raises(RuntimeError, match="gemm_packed: gelu must be None, 'none' or 'tanh', got 'erf'"):
+        extension.load().gemm_packed(x, packed, n, None, None, False, "erf")
+
+
+def test_position_check_reads_the_mask_only_past_the_table():
+    fe = fastenc.from_hf(_hf.bert("base", hidden=64, heads=4, layers=1))  # a 160-row position table
+    ids, mask, types = _hf.text_batch([150, 7], seq=170)  # padding past the table: allowed
+    with torch.no_grad():
+        out = fe(ids, attention_mask=mask, token_type_ids=types)
+        testing.assert_close(out[:, :160][mask[:, :160].bool()],
+                             fe(ids[:, :160], attention_mask=mask[:, :160],
+                                token_type_ids=types[:, :160])[mask[:, :160].bool()].double())
+        mask[1, 165] = 1
+        with pytest.raises(ValueError, match=r"sequence length 166 exceeds the position table"):
+            fe(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("lengths,bias", [([16], False), ([40, 13, 1], False), ([23, 9], True)],
+                         ids=["1x16", "mixed", "mixed-bias"])
+def test_modernbert_planned_forward_matches_transformers(monkeypatch, lengths, bias):
+    # pre-norm GeGLU blocks with RoPE through the plan: a global layer and a local one whose 8-token window is
+    # shorter than the longest row; biases on every linear and norm in one case
+    from fastenc.models import modernbert as fmb
+    calls = []
+    real = fmb.pre_norm_block
+
+    def spy(plan, layer, h, rope, approximate):
+        calls.append(h.shape[0])
+        return real(plan, layer, h, rope, approximate)
+
+    monkeypatch.setattr(fmb, "pre_norm_block", spy)
+    hf = _hf.modernbert("base", hidden=48, heads=3, layers=2, local_attention=8, attention_bias=bias,
+                        mlp_bias=bias, norm_bias=bias)
+    fe = fastenc.from_hf(hf)
+    ids, mask, _ = _hf.text_batch(lengths, seed=len(lengths))
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask).last_hidden_state
+        out = fe(ids, attention_mask=mask)
+    assert calls == [sum(lengths)] * 2
+    err = float((out - ref)[mask.bool()].abs().max())
+    assert err <= 1e-4, err
+    calls.clear()
+    with torch.no_grad(), fastenc.use_backend("reference"):  # the backend choice still decides: no plan
+        out_ref = fe(ids, attention_mask=mask)
+    with torch.no_grad():
+        fe.train()
+        fe(ids, attention_mask=mask)
+    assert calls == []
+    testing.assert_close(out[mask.bool()], out_ref[mask.bool()].double())
