@@ -153,13 +153,17 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             hg = self.embeddings(input_ids[rows, cols])
         h = self.embeddings(ids)  # the residual stream
         plan = _plan(self.layers, h, batch.cu_seqlens, tables, pos) if hole_tok is None and rows is None else None
-        if plan is not None:  # inference on CPU: the blocks through one plan (fastenc.layers.inference)
-            for layer in self.layers:
-                h = pre_norm_block(plan, layer, h, (*tables[layer.kind], pos), layer.mlp.approximate)
-        delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
         first_only = first_only and not (column0 or padded)
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers if plan is None else ()):
+        # inference on CPU: the blocks through one plan (fastenc.layers.inference); with first_only the last block
+        # is left to the loop below, which runs its second half on the first rows only
+        planned = 0 if plan is None else last + (0 if first_only else 1)
+        for layer in self.layers[:planned]:
+            h = pre_norm_block(plan, layer, h, (*tables[layer.kind], pos), layer.mlp.approximate)
+        delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
+        for i, layer in enumerate(self.layers):
+            if i < planned:
+                continue
             if delta is None:
                 y = h if layer.attn_norm is None else layer.attn_norm(h)
             else:
