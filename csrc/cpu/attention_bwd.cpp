@@ -77,6 +77,14 @@ inline void pack_panels(const float* src, int64_t ld, int64_t len, int64_t lanes
     for (int64_t d = 0; d < D; ++d) dst[r / PW * PW * D + d * PW + r % PW] = 0.f;
 }
 
+// dst[0:n] = src[0:n] * s in whole registers and a scalar tail.
+inline void scale_row(float* __restrict dst, const float* __restrict src, int64_t n, float s) {
+  const vf sv = vset(s);
+  int64_t i = 0;
+  for (; i + VW <= n; i += VW) vstore(dst + i, vload(src + i) * sv);
+  for (; i < n; ++i) dst[i] = src[i] * s;
+}
+
 }  // namespace
 
 void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
@@ -143,8 +151,11 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
         w.lse2[i] = lse[h * total + start + i] * LOG2E;  // +inf (a row without keys) gives P = 0
         const float* g = grad + off + i * ld;
         const float* o = out + off + i * ld;
-        float s = 0.f;
-        for (int64_t d = 0; d < D; ++d) s += g[d] * o[d];
+        vf acc = vf{};
+        int64_t d = 0;
+        for (; d + VW <= D; d += VW) acc = vfma(vload(g + d), vload(o + d), acc);
+        float s = hsum(acc);
+        for (; d < D; ++d) s += g[d] * o[d];
         w.delta[i] = s;
       }
       std::fill(w.lse2 + len, w.lse2 + lanes, 0.f);  // lanes past the sequence: computed, never read back
@@ -229,17 +240,15 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
         if (need_dkdv) {
           float* dkt = dk + offd + j0 * ldd;
           float* dvt = dv + offd + j0 * ldd;
-          for (int64_t j = 0; j < nk; ++j)
-            for (int64_t d = 0; d < D; ++d) {
-              dkt[j * ldd + d] = w.dka[j * Dp + d] * scale;
-              dvt[j * ldd + d] = w.dva[j * Dp + d];
-            }
+          for (int64_t j = 0; j < nk; ++j) {
+            scale_row(dkt + j * ldd, w.dka + j * Dp, D, scale);
+            copy_row(dvt + j * ldd, w.dva + j * Dp, D);
+          }
         }
       }
       if (need_dq) {
         float* dqt = dq + offd;
-        for (int64_t i = 0; i < len; ++i)
-          for (int64_t d = 0; d < D; ++d) dqt[i * ldd + d] = w.dqa[i * Dp + d] * scale;
+        for (int64_t i = 0; i < len; ++i) scale_row(dqt + i * ldd, w.dqa + i * Dp, D, scale);
       }
     }
   }
