@@ -10,6 +10,7 @@ and the backend choice are those of fastenc.ops.attention (the same registry ent
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -25,6 +26,12 @@ from fastenc.registry import _dt
 NAME = "attention_qkv"
 
 
+def _named(name: str):
+    """The kernels run under the names of fastenc::attention / attention_bwd in the profiler (what runs is theirs)."""
+    on = torch.autograd.profiler._is_profiler_enabled
+    return torch.profiler.record_function(name) if on else contextlib.nullcontext()
+
+
 def _split(qkv: torch.Tensor, heads: int):
     """(q, k, v) views (total_tokens, heads, head_dim) of qkv's three column blocks."""
     t = qkv.shape[0]
@@ -38,7 +45,8 @@ def _attention_qkv_op(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: i
     q, k, v = _split(qkv, heads)
     fn = registry.impl(OP, backend).fn
     args = (q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
-    out, lse = fn(*args, dropout_p, seed, offset) if dropout_p > 0 else fn(*args)
+    with _named("fastenc::attention"):
+        out, lse = fn(*args, dropout_p, seed, offset) if dropout_p > 0 else fn(*args)
     return out, lse
 
 
@@ -62,9 +70,11 @@ def _attention_qkv_bwd_op(grad: torch.Tensor, qkv: torch.Tensor, out: torch.Tens
             offset, need_dq, need_dkdv)
     if impl in WRITES_GRAD_QKV and qkv.dtype == torch.float32:
         dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        impl.fn(*args, grad_qkv=dqkv)
+        with _named("fastenc::attention_bwd"):
+            impl.fn(*args, grad_qkv=dqkv)
         return dqkv
-    dq, dk, dv = impl.fn(*args)
+    with _named("fastenc::attention_bwd"):
+        dq, dk, dv = impl.fn(*args)
     zero = torch.zeros_like(q)
     parts = (dq if need_dq else zero, dk if need_dkdv else zero, dv if need_dkdv else zero)
     return torch.stack(parts, 1).view(qkv.shape)
