@@ -207,3 +207,20 @@ def test_opcheck(backend):
     out, lse = fwd(qkv, cu, 5, -1, -1, 0.25, 2, backend)
     torch.library.opcheck(torch.ops.fastenc.attention_qkv_bwd.default,
                           (r(9, 2, 16), qkv, out, lse, cu, 5, -1, -1, 0.25, 2, backend, 0.1, 3, 4, False, True))
+
+
+def test_compiled_fullgraph_matches_eager():
+    lens, heads, d = (20, 1), 2, 8
+    t, cu = sum(lens), _cu(lens)
+    qkv = testing.randn(t, 3 * heads * d).requires_grad_(True)
+    g = testing.randn(t, heads, d)
+    f = torch.compile(lambda x, c: ops.attention_qkv(x, heads, cu_seqlens=c, window=(3, 2)), fullgraph=True,
+                      backend="aot_eager")
+    out = f(qkv, cu)
+    out.backward(g)
+    got = qkv.grad.clone()
+    qkv.grad = None
+    want = ops.attention_qkv(qkv, heads, cu_seqlens=cu, window=(3, 2))
+    want.backward(g)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(got, qkv.grad, atol=0, rtol=0)
