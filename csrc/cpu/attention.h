@@ -20,13 +20,16 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
                    int64_t offset = 0, int64_t ld_in = 0);
 
 // Backward of attention_fwd (FlashAttention-2's): from grad = dL/dout, out and the forward's lse, writes dq, dk, dv
-// (all (total_tokens, heads, head_dim) contiguous fp32; every element written). Same layout, window and threading
-// as attention_fwd; working memory per thread is O(tile + sequence length), never (seq x seq). dropout_p, seed,
+// (all (total_tokens, heads, head_dim) fp32; every element written). Same layout, window and threading as
+// attention_fwd; working memory per thread is O(tile + sequence length), never (seq x seq). dropout_p, seed,
 // offset: the forward's (the keep-mask is regenerated). dq null: dq is not computed (nor its product); dk and dv
-// null together: neither is (nor the dK and dV products).
+// null together: neither is (nor the dK and dV products). Row strides (elements; 0: heads * head_dim): ld_in of q,
+// k and v, ld_dout of dq, dk and dv (e.g. the column blocks of one (tokens, 3 * hidden) QKV buffer and of its
+// gradient); grad and out are contiguous.
 void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
-                   int num_threads, double dropout_p = 0.0, int64_t seed = 0, int64_t offset = 0);
+                   int num_threads, double dropout_p = 0.0, int64_t seed = 0, int64_t offset = 0, int64_t ld_in = 0,
+                   int64_t ld_dout = 0);
 
 }  // namespace fastenc_cpu

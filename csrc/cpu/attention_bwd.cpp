@@ -77,15 +77,27 @@ inline void pack_panels(const float* src, int64_t ld, int64_t len, int64_t lanes
     for (int64_t d = 0; d < D; ++d) dst[r / PW * PW * D + d * PW + r % PW] = 0.f;
 }
 
+// dst[0:n] = src[0:n] * s in whole registers and a scalar tail.
+inline void scale_row(float* __restrict dst, const float* __restrict src, int64_t n, float s) {
+  const vf sv = vset(s);
+  int64_t i = 0;
+  for (; i + VW <= n; i += VW) vstore(dst + i, vload(src + i) * sv);
+  for (; i < n; ++i) dst[i] = src[i] * s;
+}
+
 }  // namespace
 
 void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
-                   int num_threads, double dropout_p, int64_t seed, int64_t offset) {
+                   int num_threads, double dropout_p, int64_t seed, int64_t offset, int64_t ld_in,
+                   int64_t ld_dout) {
   const Dropout drop(dropout_p, seed, offset);
   const bool need_dq = dq != nullptr, need_dkdv = dk != nullptr && dv != nullptr;
+  // ld: the row stride of grad and out; ldi: of q, k, v; ldd: of dq, dk, dv (rows inside wider buffers, e.g. one
+  // QKV GEMM's (tokens, 3 * hidden) output and its gradient).
   const int64_t H = heads, D = head_dim, ld = H * D, total = cu_seqlens[batch];
+  const int64_t ldi = ld_in > 0 ? ld_in : ld, ldd = ld_dout > 0 ? ld_dout : ld;
   const int64_t Dp = (D + VW - 1) / VW * VW;
   const int64_t wl = window_left, wr = window_right;
   const float qscale = scale * LOG2E;
@@ -125,13 +137,13 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       const int64_t b = seqs[it / H], h = it % H;
       const int64_t start = cu_seqlens[b], len = len_of(b);
       const int64_t lanes = (len + PW - 1) / PW * PW;
-      const int64_t off = start * ld + h * D;
+      const int64_t off = start * ld + h * D, offi = start * ldi + h * D, offd = start * ldd + h * D;
 
       // Per item: Q^T (scaled to log2 units) and dO^T panels, Q and dO rows, lse2, D = rowsum(dO * O).
-      pack_panels(q + off, ld, len, lanes, D, qscale, w.qt);
+      pack_panels(q + offi, ldi, len, lanes, D, qscale, w.qt);
       pack_panels(grad + off, ld, len, lanes, D, 1.f, w.gt);
       if (need_dkdv) {  // rows for the dK and dV products only
-        pack_rows(q + off, ld, len, D, Dp, w.qr);
+        pack_rows(q + offi, ldi, len, D, Dp, w.qr);
         pack_rows(grad + off, ld, len, D, Dp, w.gr);
       }
       std::fill(w.dqa, w.dqa + len * Dp, 0.f);
@@ -139,8 +151,11 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
         w.lse2[i] = lse[h * total + start + i] * LOG2E;  // +inf (a row without keys) gives P = 0
         const float* g = grad + off + i * ld;
         const float* o = out + off + i * ld;
-        float s = 0.f;
-        for (int64_t d = 0; d < D; ++d) s += g[d] * o[d];
+        vf acc = vf{};
+        int64_t d = 0;
+        for (; d + VW <= D; d += VW) acc = vfma(vload(g + d), vload(o + d), acc);
+        float s = hsum(acc);
+        for (; d < D; ++d) s += g[d] * o[d];
         w.delta[i] = s;
       }
       std::fill(w.lse2 + len, w.lse2 + lanes, 0.f);  // lanes past the sequence: computed, never read back
@@ -150,8 +165,8 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
 
       for (int64_t j0 = 0; j0 < len; j0 += BN) {
         const int64_t nk = std::min(BN, len - j0);
-        pack_rows(k + off + j0 * ld, ld, nk, D, Dp, w.kp);
-        pack_rows(v + off + j0 * ld, ld, nk, D, Dp, w.vp);
+        pack_rows(k + offi + j0 * ldi, ldi, nk, D, Dp, w.kp);
+        pack_rows(v + offi + j0 * ldi, ldi, nk, D, Dp, w.vp);
         std::fill(w.dka, w.dka + nk * Dp, 0.f);
         std::fill(w.dva, w.dva + nk * Dp, 0.f);
         // Queries that see a key of this tile: j - right <= i <= j + left; blocks start on panel boundaries.
@@ -223,19 +238,17 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
             product<true>({w.dst, 1, BM, w.kp, Dp, nk, w.dqa + i0 * Dp, Dp, w.ones, 0}, rows, Dp / VW);
         }
         if (need_dkdv) {
-          float* dkt = dk + off + j0 * ld;
-          float* dvt = dv + off + j0 * ld;
-          for (int64_t j = 0; j < nk; ++j)
-            for (int64_t d = 0; d < D; ++d) {
-              dkt[j * ld + d] = w.dka[j * Dp + d] * scale;
-              dvt[j * ld + d] = w.dva[j * Dp + d];
-            }
+          float* dkt = dk + offd + j0 * ldd;
+          float* dvt = dv + offd + j0 * ldd;
+          for (int64_t j = 0; j < nk; ++j) {
+            scale_row(dkt + j * ldd, w.dka + j * Dp, D, scale);
+            copy_row(dvt + j * ldd, w.dva + j * Dp, D);
+          }
         }
       }
       if (need_dq) {
-        float* dqt = dq + off;
-        for (int64_t i = 0; i < len; ++i)
-          for (int64_t d = 0; d < D; ++d) dqt[i * ld + d] = w.dqa[i * Dp + d] * scale;
+        float* dqt = dq + offd;
+        for (int64_t i = 0; i < len; ++i) scale_row(dqt + i * ldd, w.dqa + i * Dp, D, scale);
       }
     }
   }

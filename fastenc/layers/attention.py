@@ -48,7 +48,14 @@ class SelfAttention(nn.Module):
             # single GEMM would leave them interleaved per token).
             q, k, v = (u.view(t, self.heads, self.head_dim) for u in self.Wqkv.planes(x, 3))
         else:
-            q, k, v = self.Wqkv(x).view(t, 3, self.heads, self.head_dim).unbind(1)
+            qkv = self.Wqkv(x)
+            p = self.dropout if self.training else 0.0
+            extra = {"dropout_p": p} if p > 0 else {}  # (passed only when on: the argument is newer than the op)
+            if rope is None:  # q, k, v read from qkv in place; their gradient comes back as one (t, 3 * hidden)
+                o = ops.attention_qkv(qkv, self.heads, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                      window=self.window, **extra)
+                return o.reshape(t, self.hidden)
+            q, k, v = qkv.view(t, 3, self.heads, self.head_dim).unbind(1)
         if rope is not None:
             cos, sin, pos = rope
             q, k = ops.rope(q, k, cos, sin, position_ids=pos)

@@ -5,7 +5,8 @@ from fastenc.ops.gelu import gelu
 from fastenc.ops.geglu import geglu
 from fastenc.ops.rope import rope, rope_cache
 from fastenc.ops.attention import attention
+from fastenc.ops.attention_qkv import attention_qkv
 from fastenc.ops.merge_lora import merge_lora
 from fastenc.ops.lora_linear import lora_linear
 
-__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "rope", "rope_cache", "attention", "merge_lora", "lora_linear"]
+__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "rope", "rope_cache", "attention", "attention_qkv", "merge_lora", "lora_linear"]

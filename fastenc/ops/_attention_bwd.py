@@ -3,7 +3,8 @@ and the autograd formula fastenc/ops/attention.py attaches to its forward op.
 
 Contract of every backend (packed variable-length layout, as the forward):
   fn(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale) -> (dq, dk, dv)
-  grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous, one dtype; lse: (heads, total_tokens) fp32 as the
+  grad, q, k, v, out: (total_tokens, heads, head_dim), one dtype (q, k, v may be row-strided views, as the
+  forward's: the cpu kernel reads fp32 ones in place, Triton gets contiguous copies through contiguous_args); lse: (heads, total_tokens) fp32 as the
   forward saved it; dq, dk, dv in q's dtype. The probabilities are recomputed from lse, never stored.
 With dropout, or when only some gradients are needed, a backend gets five more arguments,
   fn(..., scale, dropout_p, seed, offset, need_dq, need_dkdv)
@@ -88,6 +89,17 @@ def _cpu_check(inputs) -> list[str]:
     return []
 
 
+def contiguous_args(n: int):
+    """wrap= of a backend whose kernel assumes contiguous tensors: its first n arguments are made contiguous (a copy
+    only where one is not)."""
+    def wrap(fn):
+        def call(*args):
+            return fn(*(a.contiguous() for a in args[:n]), *args[n:])
+        call.__name__ = getattr(fn, "__name__", "contiguous")
+        return call
+    return wrap
+
+
 def _cuda_check(inputs) -> list[str]:
     why = registry.triton_available()
     return ([f"the Triton kernel that serves it is unavailable: {why}"] if why else []) + _triton_check(inputs)
@@ -95,10 +107,15 @@ def _cuda_check(inputs) -> list[str]:
 
 _backends.reference(OP_BWD, _reference)
 _backends.triton(OP_BWD, "fastenc.kernels.attention_bwd", "attention_bwd", check=_triton_check,
-                 limits="head_dim multiple of 8 <= 256; CUDA, CPU tensors under TRITON_INTERPRET=1")
-_backends.cpu(OP_BWD, "attention_bwd", check=_cpu_check, limits="head_dim <= 256, fp32 math, tiled (no seq x seq)")
+                 wrap=contiguous_args(5), limits="head_dim multiple of 8 <= 256; contiguous inputs (copied if not); "
+                                                 "CUDA, CPU tensors under TRITON_INTERPRET=1")
+# The cpu kernel reads fp32 q, k, v row-strided in place and, given grad_qkv, writes dq, dk, dv into its column
+# blocks (fastenc/ops/attention_qkv.py asks WRITES_GRAD_QKV).
+CPU_BWD = _backends.cpu(OP_BWD, "attention_bwd", check=_cpu_check,
+                        limits="head_dim <= 256, fp32 math, tiled (no seq x seq); strided q, k, v and gradients")
+WRITES_GRAD_QKV = (CPU_BWD,)
 _backends.cuda(OP_BWD, "attention_bwd", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-               wrap=lambda _ext: _backends._lazy("fastenc.kernels.attention_bwd", "attention_bwd"),
+               wrap=lambda _ext: contiguous_args(5)(_backends._lazy("fastenc.kernels.attention_bwd", "attention_bwd")),
                limits="served by the Triton kernel (kernels/attention_bwd.py); fp16/bf16, head_dim multiple of 8 "
                       "<= 256")
 

@@ -2,7 +2,7 @@
 
 Every backend implements one contract, the packed variable-length form (FlashAttention's varlen convention):
   fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale) -> (out, lse)
-  q, k, v: (total_tokens, heads, head_dim) contiguous; cu_seqlens: int32 (batch+1,); window -1 = unbounded;
+  q, k, v: (total_tokens, heads, head_dim); cu_seqlens: int32 (batch+1,); window -1 = unbounded;
   lse: (heads, total_tokens) fp32, the natural log-sum-exp of each query row's scaled scores (+inf for a row with
   no visible key), the one thing besides out the backward needs (FlashAttention-2 saves the same).
 With attention dropout (dropout_p > 0) a backend is called with three more arguments,
@@ -12,6 +12,11 @@ element's counters) to the normalized probabilities, scaling kept ones by 1/(1-p
 dropout_p = 0 no backend gets those arguments and no random number is drawn.
 The backward (fastenc::attention_bwd, one Impl per backend) recomputes the probabilities tile by tile from lse
 (and the keep-mask from seed and offset).
+Strides: q, k, v may be views with a row stride (e.g. the column blocks of one QKV GEMM's (tokens, 3 * hidden)
+output). The cpu kernels read fp32 views with one row stride, heads head_dim apart, in place; the Triton and CUDA
+backends are registered behind `contiguous_args`, which copies what is not contiguous (their kernels assume it);
+the reference takes any strides. fastenc.ops.attention_qkv takes the fused buffer itself and gets its gradient
+back in one buffer.
 The padded layout is served through it: without a mask as a free view, with a mask by unpadding once and
 re-padding the output (padded query rows are zero).
 """
@@ -27,7 +32,7 @@ from fastenc.registry import _dt
 from fastenc.ops import _backends
 from fastenc.ops._common import check_cu_seqlens, check_float, needs_grad
 from fastenc.ops._attention_bwd import (  # also registers attention_bwd
-    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, setup_context)
+    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, setup_context)
 from fastenc.ops._library import custom_op
 from fastenc.ops._padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
@@ -62,9 +67,11 @@ _backends.reference(OP, _reference)
 _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
 
 
-_backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
-                 limits="head_dim multiple of 8 <= 256; CUDA, CPU tensors under TRITON_INTERPRET=1")
-_backends.cpu(OP, "attention", check=_cpu_check, limits="head_dim <= 256, fp32 math")
+_backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check, wrap=contiguous_args(3),
+                 limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
+                        "under TRITON_INTERPRET=1")
+_backends.cpu(OP, "attention", check=_cpu_check,
+              limits="head_dim <= 256, fp32 math; fp32 q, k, v read in place with one row stride")
 
 
 def _cuda_check(inputs) -> list[str]:
@@ -74,7 +81,8 @@ def _cuda_check(inputs) -> list[str]:
 
 
 _backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-               limits="fp16/bf16, head_dim 32/64/96/128; FlashAttention-2 on tensor cores (sm_80+)")
+               wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; contiguous q, k, v (copied if not); "
+                                               "FlashAttention-2 on tensor cores (sm_80+)")
 
 
 _INT64_MAX = 2 ** 63 - 1
@@ -213,24 +221,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
 
 
 def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0, generator=None):
-    """max_seqlen: the longest sequence. A window side >= it bounds nothing: -1 from here on (so no kernel ever
-    computes i + 2**63 - 1). dropout_p > 0: (seed, offset) are drawn here, once the backends are chosen."""
+    """max_seqlen: the longest sequence. dropout_p > 0: (seed, offset) are drawn here, once the backends are
+    chosen."""
     if q.numel() == 0:
         return q.new_zeros(q.shape)
-    # Under torch.compile the longest length is symbolic: the bound is the token count there (a side between the
-    # two bounds nothing either way; the kernels then walk the band instead of the whole sequence).
-    bound = q.shape[0] if torch.compiler.is_compiling() else max_seqlen
-    wl = -1 if wl >= bound else wl
-    wr = -1 if wr >= bound else wr
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
-              "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}
-    impl = registry.select(OP, inputs, backend)
-    if needs_grad(q, k, v):  # an unservable backward fails before the forward runs
-        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p),
-                                 impl.backend)
+    impl, wl, wr = select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p)
     if dropout_p > 0:
         seed, offset = _seed_offset(generator, q.device)
         return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend, dropout_p, seed,
                              offset)[0]
     return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)[0]
+
+
+def select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p):
+    """(forward Impl, wl, wr): the backend for these inputs (q, k, v of any strides: each backend gets what it
+    accepts); when they need a gradient the backward's is chosen too, so an unservable backward fails before the
+    forward runs. A window side >= the longest sequence becomes -1 (so no kernel ever computes i + 2**63 - 1)."""
+    # Under torch.compile the longest length is symbolic: the bound is the token count there (a side between the
+    # two bounds nothing either way; the kernels then walk the band instead of the whole sequence).
+    bound = q.shape[0] if torch.compiler.is_compiling() else max_seqlen
+    wl = -1 if wl >= bound else wl
+    wr = -1 if wr >= bound else wr
+    inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
+              "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}
+    impl = registry.select(OP, inputs, backend)
+    if needs_grad(q, k, v):
+        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p),
+                                 impl.backend)
+    return impl, wl, wr
