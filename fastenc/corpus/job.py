@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from fastenc.corpus import writers
 from fastenc.corpus.batching import token_budget_batches
+from fastenc.corpus.memory import pin_mmap_threshold
 from fastenc.corpus.readers import BadRowError, Record, check_fields, iter_records, iter_texts, resolve_sources
 
 
@@ -221,6 +222,7 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
     opts = opts or Options()
     opts.check()
     sources = _sources(inputs, stdin_format, opts)
+    pin_mmap_threshold()
     model, _ = load_model(model, device, dtype)
     pooling, normalize, max_length = resolve_options(model, opts)
     records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
@@ -277,6 +279,7 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
     fmt = writers.out_format(out)
     sources = _sources(inputs, stdin_format, opts)
     writers.check_target(out, resume, overwrite)  # before the model loads
+    pin_mmap_threshold()
     model, folder = load_model(model, device, dtype)
     pooling, normalize, max_length = resolve_options(model, opts)
     hidden = int(model.config.hidden_size)

@@ -23,6 +23,7 @@ import numpy as np
 
 from fastenc.corpus import writers
 from fastenc.corpus.job import EmbedInterrupted, Options, Summary, default_model_path, embed_ids, tokenize
+from fastenc.corpus.memory import pin_mmap_threshold
 from fastenc.corpus.readers import BadRowError, Block, Source, check_fields, iter_block, resolve_sources, split_source
 
 
@@ -55,6 +56,7 @@ class _Embedder:
         import fastenc
         from fastenc.corpus.job import resolve_options
 
+        pin_mmap_threshold()  # each actor is its own process
         self.threads = threads
         if threads > 0:
             torch.set_num_threads(threads)
@@ -114,6 +116,7 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
     folder = Path(model) if model is not None else default_model_path()
     if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
         raise ValueError("embed: engine='ray' loads the model in each actor: model must be a model folder path")
+    pin_mmap_threshold()  # the driver's memory too: it collects and writes every window
     settings = folder_settings(folder, opts)  # what the actors will use; before Ray starts, as the blocks
     blocks = [b for s in sources for b in split_source(s, opts.window)]  # window rows each, as the local windows
     ray = _import_ray()
