@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ import numpy as np
 from fastenc.corpus import writers
 from fastenc.corpus.job import EmbedInterrupted, Options, Summary, default_model_path, embed_ids, tokenize
 from fastenc.corpus.memory import pin_mmap_threshold
-from fastenc.corpus.readers import BadRowError, Block, Source, check_fields, iter_block, resolve_sources, split_source
+from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block, resolve_sources,
+                                    split_source)
 
 
 def _import_ray():
@@ -196,7 +196,9 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     batches = []
     if items:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
-            _read_block, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad},
+            # bad rows come through marked (never raised in a task): the driver applies on_bad='error' in input
+            # order, so it names the first bad row, as the in-process job does, whichever task finds one first
+            _read_block, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": "skip"},
             num_cpus=0.25)
         ds = ds.map_batches(_Embedder, batch_size=opts.window, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=actors),
@@ -216,6 +218,8 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
             bad_rows = [(s, r, b) for s, r, b in zip(table.column("source").to_pylist(),
                                                      table.column("row").to_pylist(),
                                                      table.column("bad").to_pylist()) if b]
+            if bad_rows and opts.on_bad == "error":
+                raise bad_row_error(*bad_rows[0])
             entry = {"file": writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep),
                      "rows_read": len(bad), "texts": int(keep.sum()),
                      "tokens": int(np.asarray(table.column("tokens").to_numpy())[keep].sum()),
@@ -224,14 +228,12 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
             manifest["shards"].append(entry)
             writers.save_manifest(wd, manifest)
             summary.add(entry)
+    except BadRowError:
+        writers.discard(wd)  # the input has to change, as in the in-process job
+        raise
     except KeyboardInterrupt:
         raise EmbedInterrupted(f"embed: interrupted; the Ray job left {len(manifest['shards'])} shard(s) in "
                                f"{str(wd)!r} (a Ray run restarts: use overwrite=True / --overwrite)") from None
-    except Exception as e:  # a reader's BadRowError arrives wrapped in Ray's task errors, as text
-        found = re.findall(r"embed: bad row \d+ of .*", str(e))
-        if found:
-            raise BadRowError(found[-1].strip()) from None
-        raise
     writers.finish(out, wd, ".parquet", manifest, hidden)
     summary.seconds = time.perf_counter() - t0
     summary.shards = len(manifest["shards"])
