@@ -74,8 +74,10 @@ def test_find_mallopt_without_glibc(monkeypatch):
 
 
 _PROBE = """
-import ctypes, sys
-from fastenc.corpus.memory import pin_mmap_threshold
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("memory", sys.argv[2])  # the module alone: no torch import
+memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(memory)
 libc = ctypes.CDLL(None)
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -83,7 +85,7 @@ class Info(ctypes.Structure):
 libc.mallinfo2.restype = Info
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
 if sys.argv[1] == "pin":
-    assert pin_mmap_threshold()
+    assert memory.pin_mmap_threshold()
 libc.free(libc.malloc(8 << 20))  # an 8 MiB block freed: glibc's dynamic threshold rises to 8 MiB
 before = libc.mallinfo2().hblks
 p = libc.malloc(1 << 20)
@@ -99,7 +101,8 @@ def test_pinned_threshold_takes_effect():
     the system on free) where by default it would come from the heap."""
     got = {}
     for mode in ("default", "pin"):
-        r = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", _PROBE, mode, memory.__file__], capture_output=True, text=True,
+                           timeout=120)
         if "mallinfo2" in r.stderr:
             pytest.skip("glibc without mallinfo2 (< 2.33)")
         assert r.returncode == 0, r.stderr
