@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from fastenc.corpus import writers
-from fastenc.corpus.job import EmbedInterrupted, Options, Summary, default_model_path, embed_ids, tokenize
+from fastenc.corpus.job import (EmbedInterrupted, Options, SkipMetaInit, Summary, default_model_path, embed_ids,
+                                tokenize)
 from fastenc.corpus.memory import pin_mmap_threshold
 from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block, resolve_sources,
                                     split_source)
@@ -60,8 +61,9 @@ class _Embedder:
         self.threads = threads
         if threads > 0:
             torch.set_num_threads(threads)
-        self.model = fastenc.from_pretrained(folder, device=device,
-                                             dtype=getattr(torch, dtype) if dtype else None).eval()
+        with SkipMetaInit():
+            self.model = fastenc.from_pretrained(folder, device=device,
+                                                 dtype=getattr(torch, dtype) if dtype else None).eval()
         self.opts = Options(**opts)
         self.pooling, self.normalize, self.max_length = resolve_options(self.model, self.opts)
 
@@ -161,7 +163,7 @@ def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
     if spec.modality != "text":
         raise ValueError(f"embed: the corpus job embeds text; {str(folder)!r} holds a {arch} ({spec.modality}) model")
     cfg = spec.config.from_dict(d, **spec.overrides("base", False))
-    with torch.device("meta"):
+    with torch.device("meta"), SkipMetaInit():
         probe = spec.model_class("base")(cfg)
     probe.load_tokenizer(folder)
     pooling, normalize, max_length = resolve_options(probe, opts)
