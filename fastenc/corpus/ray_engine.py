@@ -24,8 +24,8 @@ from fastenc.corpus import writers
 from fastenc.corpus.job import (EmbedInterrupted, Options, SkipMetaInit, Summary, default_model_path, embed_ids,
                                 tokenize)
 from fastenc.corpus.memory import pin_mmap_threshold
-from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block, resolve_sources,
-                                    split_source)
+from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block,
+                                    resolve_sources, split_source)
 
 
 def _import_ray():
