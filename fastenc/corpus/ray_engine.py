@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,11 @@ from typing import Any
 import numpy as np
 
 from fastenc.corpus import writers
-from fastenc.corpus.job import EmbedInterrupted, Options, Summary, default_model_path, embed_ids, tokenize
-from fastenc.corpus.readers import BadRowError, Block, Source, check_fields, iter_block, resolve_sources, split_source
+from fastenc.corpus.job import (EmbedInterrupted, Options, SkipMetaInit, Summary, default_model_path, embed_ids,
+                                tokenize)
+from fastenc.corpus.memory import pin_mmap_threshold
+from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block,
+                                    resolve_sources, split_source)
 
 
 def _import_ray():
@@ -55,11 +57,13 @@ class _Embedder:
         import fastenc
         from fastenc.corpus.job import resolve_options
 
+        pin_mmap_threshold()  # each actor is its own process
         self.threads = threads
         if threads > 0:
             torch.set_num_threads(threads)
-        self.model = fastenc.from_pretrained(folder, device=device,
-                                             dtype=getattr(torch, dtype) if dtype else None).eval()
+        with SkipMetaInit():
+            self.model = fastenc.from_pretrained(folder, device=device,
+                                                 dtype=getattr(torch, dtype) if dtype else None).eval()
         self.opts = Options(**opts)
         self.pooling, self.normalize, self.max_length = resolve_options(self.model, self.opts)
 
@@ -114,6 +118,7 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
     folder = Path(model) if model is not None else default_model_path()
     if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
         raise ValueError("embed: engine='ray' loads the model in each actor: model must be a model folder path")
+    pin_mmap_threshold()  # the driver's memory too: it collects and writes every window
     settings = folder_settings(folder, opts)  # what the actors will use; before Ray starts, as the blocks
     blocks = [b for s in sources for b in split_source(s, opts.window)]  # window rows each, as the local windows
     ray = _import_ray()
@@ -158,7 +163,7 @@ def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
     if spec.modality != "text":
         raise ValueError(f"embed: the corpus job embeds text; {str(folder)!r} holds a {arch} ({spec.modality}) model")
     cfg = spec.config.from_dict(d, **spec.overrides("base", False))
-    with torch.device("meta"):
+    with torch.device("meta"), SkipMetaInit():
         probe = spec.model_class("base")(cfg)
     probe.load_tokenizer(folder)
     pooling, normalize, max_length = resolve_options(probe, opts)
@@ -193,7 +198,9 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     batches = []
     if items:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
-            _read_block, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad},
+            # bad rows come through marked (never raised in a task): the driver applies on_bad='error' in input
+            # order, so it names the first bad row, as the in-process job does, whichever task finds one first
+            _read_block, fn_kwargs={"text_field": opts.text_field, "id_field": opts.id_field, "on_bad": "skip"},
             num_cpus=0.25)
         ds = ds.map_batches(_Embedder, batch_size=opts.window, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=actors),
@@ -213,6 +220,8 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
             bad_rows = [(s, r, b) for s, r, b in zip(table.column("source").to_pylist(),
                                                      table.column("row").to_pylist(),
                                                      table.column("bad").to_pylist()) if b]
+            if bad_rows and opts.on_bad == "error":
+                raise bad_row_error(*bad_rows[0])
             entry = {"file": writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep),
                      "rows_read": len(bad), "texts": int(keep.sum()),
                      "tokens": int(np.asarray(table.column("tokens").to_numpy())[keep].sum()),
@@ -221,14 +230,12 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
             manifest["shards"].append(entry)
             writers.save_manifest(wd, manifest)
             summary.add(entry)
+    except BadRowError:
+        writers.discard(wd)  # the input has to change, as in the in-process job
+        raise
     except KeyboardInterrupt:
         raise EmbedInterrupted(f"embed: interrupted; the Ray job left {len(manifest['shards'])} shard(s) in "
                                f"{str(wd)!r} (a Ray run restarts: use overwrite=True / --overwrite)") from None
-    except Exception as e:  # a reader's BadRowError arrives wrapped in Ray's task errors, as text
-        found = re.findall(r"embed: bad row \d+ of .*", str(e))
-        if found:
-            raise BadRowError(found[-1].strip()) from None
-        raise
     writers.finish(out, wd, ".parquet", manifest, hidden)
     summary.seconds = time.perf_counter() - t0
     summary.shards = len(manifest["shards"])

@@ -216,10 +216,14 @@ def _checked(src: Source, rows: Iterable[tuple[Any, Any, str]], first_row: int, 
             elif id_field is not None and rid is None:
                 why = f"no id in field {id_field!r}"
         if why and on_bad == "error":
-            raise BadRowError(f"embed: bad row {row} of {name}: {why} (use on_bad='skip' / --on-bad skip to "
-                              "skip such rows)")
+            raise bad_row_error(name, row, why)
         ident = str(rid) if id_field is not None and rid is not None else (f"{src.prefix}{row}" if src.prefix else row)
         yield Record(ident, None if why else text, name, row, why)
+
+
+def bad_row_error(source: str, row: int, why: str) -> BadRowError:
+    """The error on_bad='error' raises for row `row` of file `source`."""
+    return BadRowError(f"embed: bad row {row} of {source}: {why} (use on_bad='skip' / --on-bad skip to skip such rows)")
 
 
 def _check_on_bad(on_bad: str) -> None:

@@ -73,6 +73,25 @@ def test_ray_bad_rows(tmp_path, ray_local):
     assert sorted(ids) == [0, 2]
 
 
+def test_ray_names_first_bad_row(tmp_path, texts, ray_local):
+    """Several bad rows in different blocks (read by concurrent tasks): the error names the first in input order, the
+    same file and row as the in-process job, and leaves no output behind."""
+    lines = list(texts[:40])
+    for i in (7, 8, 16, 24, 33):  # the last row of block 0, then the first rows of blocks 1-3 and one in block 4
+        lines[i] = ""
+    (tmp_path / "a.txt").write_text("fine\n" * 3)
+    path = tmp_path / "b.txt"
+    path.write_text("\n".join(lines) + "\n")
+    inputs = [tmp_path / "a.txt", path]
+    with pytest.raises(BadRowError) as local:
+        fastenc.embed(inputs, out=tmp_path / "local.parquet", window=8)
+    with pytest.raises(BadRowError) as on_ray:
+        fastenc.embed(inputs, out=tmp_path / "ray.parquet", engine="ray", actors=2, window=8)
+    assert str(on_ray.value) == str(local.value)
+    assert f"bad row 7 of {path}: empty text" in str(on_ray.value)
+    assert not list(tmp_path.glob("*.parquet*"))
+
+
 def test_ray_argument_errors(tmp_path):
     (tmp_path / "in.txt").write_text("a\n")
     with pytest.raises(ValueError, match="out must end in .parquet"):
