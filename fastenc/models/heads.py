@@ -113,8 +113,12 @@ def classify_sequence(model, input_ids, attention_mask, token_type_ids, labels):
     then logits = model.classify(first token) (batch, num_labels), or transformers' output with the loss."""
     kind = None if labels is None else check_sequence_labels(type(model).__name__, model.config, labels,
                                                              grid(input_ids)[0])
-    x, batch = model._encode(input_ids, attention_mask, token_type_ids)
-    logits = model.classify(batch.first_tokens(x))
+    if labels is None and not torch.is_grad_enabled():
+        x, batch = model._encode(input_ids, attention_mask, token_type_ids)
+        first = batch.first_tokens(x)
+    else:  # training or labels: the last layer past attention on the first tokens only (model._run first_only)
+        first, _, _ = model._run(input_ids, attention_mask, token_type_ids, first_only=True)
+    logits = model.classify(first)
     if labels is None:
         return logits
     return output(model.task, sequence_loss(model.config, kind, logits, labels), logits)
