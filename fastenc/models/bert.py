@@ -11,7 +11,9 @@ Training: parameters require grad; model.train() turns on transformers' dropouts
   probabilities, attention and MLP outputs: hidden_dropout_prob / attention_probs_dropout_prob; the classifier's
   classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.heads).
   Without autograd recording (torch.no_grad / inference_mode) and without dropout, the residual adds run in
-  place inside the GEMMs; otherwise every step makes new tensors.
+  place inside the GEMMs; otherwise every step makes new tensors. Sequence classification with labels or under
+  autograd runs the last layer's Wo, norms and MLP on each sequence's first token only (run_first_rows): the
+  classifier reads nothing else.
 Parameter names (fastenc side of the weight map, `weight_map` below): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
