@@ -115,3 +115,17 @@ def test_dropout_training_runs_the_last_layer_on_first_rows():
     out.loss.backward()
     assert rows == [len(LENGTHS)] and out.logits.shape == (len(LENGTHS), 5)
     assert all(torch.isfinite(p.grad).all() for p in fe.parameters() if p.grad is not None)
+
+
+def test_accelerate_trims_unless_column0_is_padding():
+    hf = _model("bert", 2).train()
+    acc = fastenc.accelerate(hf).train()
+    rows = _count_rows(acc.__dict__["_fastenc"])
+    ids, mask, types = _hf.text_batch([7, 3, 12])
+    labels = torch.tensor([1, 4, 0])
+    for m in (mask, mask.flip(1)):  # right padding: trimmed; left padding: transformers' column 0 (a padded query)
+        out = acc(input_ids=ids, attention_mask=m, token_type_ids=types, labels=labels)
+        ref = hf(input_ids=ids, attention_mask=m, token_type_ids=types, labels=labels)
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.loss, ref.loss, rtol=1e-4, atol=1e-5)
+    assert rows == [3, 2, int(mask.sum())]  # (left padding: the two padded column-0 queries, then every token)
