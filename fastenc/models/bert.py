@@ -11,7 +11,9 @@ Training: parameters require grad; model.train() turns on transformers' dropouts
   probabilities, attention and MLP outputs: hidden_dropout_prob / attention_probs_dropout_prob; the classifier's
   classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.heads).
   Without autograd recording (torch.no_grad / inference_mode) and without dropout, the residual adds run in
-  place inside the GEMMs; otherwise every step makes new tensors.
+  place inside the GEMMs; otherwise every step makes new tensors. Sequence classification with labels or under
+  autograd runs the last layer's Wo, norms and MLP on each sequence's first token only (run_first_rows): the
+  classifier reads nothing else.
 Parameter names (fastenc side of the weight map, `weight_map` below): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
@@ -94,10 +96,12 @@ class BertLayer(nn.Module):
         self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         """x: (tokens, hidden), a buffer of this model's own (the embeddings' or the previous layer's output): it
-        is overwritten unless autograd records the call or dropout is on."""
-        o = self.attn.attend(x, cu_seqlens, max_seqlen)
+        is overwritten unless autograd records the call or dropout is on. rows (n,) int64: attention over every
+        token, then Wo, the norms and the MLP at those rows only -> (n, hidden)."""
+        o, x = _attend(self, x, cu_seqlens, max_seqlen, rows)
         p = self.dropout if self.training else 0.0
         if not torch.is_grad_enabled() and p == 0:
             self.attn.Wo.accumulate_(o, x)
@@ -106,6 +110,26 @@ class BertLayer(nn.Module):
             return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias())
         x = _add_norm(self.attn_norm, self.attn.Wo, o, x, p)
         return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, p)
+
+
+def _attend(layer: BertLayer, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rows):
+    """(attention output, residual) of a block, both at `rows` only when given (keys and values need every row)."""
+    o = layer.attn.attend(x, cu_seqlens, max_seqlen)
+    return (o, x) if rows is None else (o.index_select(0, rows), x.index_select(0, rows))
+
+
+def run_first_rows(layers, x: torch.Tensor, batch, pos: torch.Tensor, plan: Plan | None = None):
+    """run_blocks for a head that reads each sequence's first token only (sequence classification): the last block
+    attends over every token but runs Wo, its norms and its MLP on the first rows (cu_seqlens[:-1]) alone.
+    Returns (first (batch, hidden), batch, None), zeros for an empty sequence as PackedBatch.first_tokens gives."""
+    if not len(layers) or batch.total == 0:
+        x, batch, _ = run_blocks(layers, x, batch, pos, None, False, False, plan)
+        return batch.first_tokens(x), batch, None
+    x, batch, _ = run_blocks(layers[:-1], x, batch, pos, None, False, False, plan)
+    start = batch.cu_seqlens[:-1].long().clamp(max=batch.total - 1)
+    first = layers[-1](x, batch.cu_seqlens, batch.max_seqlen, rows=start)
+    empty = batch.seqlens() == 0
+    return (first.masked_fill(empty[:, None], 0) if bool(empty.any()) else first), batch, None
 
 
 def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, column0: bool, padded: bool,
@@ -179,12 +203,14 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x, batch, _ = self._run(input_ids, attention_mask, token_type_ids)
         return x, batch
 
-    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False, padded: bool = False):
+    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False, padded: bool = False,
+             first_only: bool = False):
         """(x (total, hidden), PackedBatch, first): first (batch, hidden) is the last hidden state at column 0 of
         each row when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a
         padded query's as transformers computes it (it sees the row's real tokens and is no key itself).
         padded=True: first is instead (rows, cols, states (n, hidden)) of every padded position, computed the same
-        way (None without padding)."""
+        way (None without padding). first_only=True (without column0 / padded): x is (batch, hidden), each
+        sequence's first real token only, its last layer trimmed to those rows (run_first_rows)."""
         cfg = self.config
         input_ids, mask, types = check_text_inputs(type(self).__name__, input_ids, attention_mask, token_type_ids,
                                                    cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size)
@@ -203,6 +229,8 @@ class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         xg = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
             xg = self.embeddings(input_ids[rows, cols], at_queries, None if types is None else types[rows, cols])
+        if first_only and not (column0 or padded):
+            return run_first_rows(self.layers, x, batch, pos, plan)
         return run_blocks(self.layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded,
                           plan)
 

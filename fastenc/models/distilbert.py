@@ -32,7 +32,7 @@ from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
-from fastenc.models.bert import BertLayer, _add_norm, run_blocks
+from fastenc.models.bert import BertLayer, _add_norm, _attend, run_blocks, run_first_rows
 from fastenc.models.columns import padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
@@ -117,10 +117,12 @@ class DistilBertLayer(BertLayer):
     """BERT's post-norm block (inference: the residual adds inside the out_lin and lin2 GEMMs). In training
     DistilBERT has dropout after lin2 only, none on the attention output."""
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         if not self.training or self.dropout == 0:
-            return super().forward(x, cu_seqlens, max_seqlen)
-        x = _add_norm(self.attn_norm, self.attn.Wo, self.attn.attend(x, cu_seqlens, max_seqlen), x, 0.0)
+            return super().forward(x, cu_seqlens, max_seqlen, rows)
+        o, x = _attend(self, x, cu_seqlens, max_seqlen, rows)
+        x = _add_norm(self.attn_norm, self.attn.Wo, o, x, 0.0)
         return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, self.dropout)
 
 
@@ -144,12 +146,14 @@ class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         x, batch, _ = self._run(input_ids, attention_mask, token_type_ids)
         return x, batch
 
-    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False, padded: bool = False):
+    def _run(self, input_ids, attention_mask=None, token_type_ids=None, column0: bool = False, padded: bool = False,
+             first_only: bool = False):
         """(x (total, dim), PackedBatch, first): first (batch, dim) is the last hidden state at column 0 of each row
         when column0=True (None otherwise): the first real token's, or, where column 0 is padding, a padded query's
         as transformers computes it (it sees the row's real tokens and is no key itself). padded=True: first is
         instead (rows, cols, states (n, dim)) of every padded position, computed the same way (None without
-        padding)."""
+        padding). first_only=True (without column0 / padded): x is (batch, dim), each sequence's first real token
+        only, the last layer trimmed to those rows (bert.run_first_rows)."""
         cfg, name = self.config, type(self).__name__
         if token_type_ids is not None:
             raise ValueError(f"{name}: token_type_ids must be None (DistilBERT has no token-type embeddings), got "
@@ -158,6 +162,8 @@ class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                                                cfg.max_position_embeddings)
         batch, ids, pos = pack_text(input_ids, mask)
         x = self.embeddings(ids, pos)
+        if first_only and not (column0 or padded):
+            return run_first_rows(self.layers, x, batch, pos)
         rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
         queries = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens

@@ -110,11 +110,17 @@ def sequence_loss(config, kind: str, logits: torch.Tensor, labels: torch.Tensor,
 
 def classify_sequence(model, input_ids, attention_mask, token_type_ids, labels):
     """The forward of a text sequence classifier that reads each row's first real token: labels checked first,
-    then logits = model.classify(first token) (batch, num_labels), or transformers' output with the loss."""
+    then logits = model.classify(first token) (batch, num_labels), or transformers' output with the loss. With
+    labels or under autograd the model runs its last layer past attention on the first tokens only (model._run(...,
+    first_only=True)); an inference call without labels runs every token (model._encode)."""
     kind = None if labels is None else check_sequence_labels(type(model).__name__, model.config, labels,
                                                              grid(input_ids)[0])
-    x, batch = model._encode(input_ids, attention_mask, token_type_ids)
-    logits = model.classify(batch.first_tokens(x))
+    if labels is None and not torch.is_grad_enabled():
+        x, batch = model._encode(input_ids, attention_mask, token_type_ids)
+        first = batch.first_tokens(x)
+    else:
+        first, _, _ = model._run(input_ids, attention_mask, token_type_ids, first_only=True)
+    logits = model.classify(first)
     if labels is None:
         return logits
     return output(model.task, sequence_loss(model.config, kind, logits, labels), logits)

@@ -178,7 +178,10 @@ def _run(self, fe, arch: str, task: str, a: dict):
     kind = None
     if labels:
         kind = heads.check_sequence_labels(type(self).__name__, fe.config, labels["labels"], heads.grid(ids)[0])
-    x, batch, first = fe._run(*text, column0=True)
+    if task == "sequence_classification" and (labels or torch.is_grad_enabled()) and _column0_real(mask):
+        first, _, _ = fe._run(*text, first_only=True)  # (column 0 is each row's first token: the last layer there only)
+    else:
+        x, batch, first = fe._run(*text, column0=True)
     if task == "sequence_classification":
         logits = fe.classify(first)
         loss = None if kind is None else heads.sequence_loss(fe.config, kind, logits, labels["labels"])
@@ -304,3 +307,8 @@ def accelerate(hf_model, copy: bool = False):
     obj.__dict__["_fastenc_entries"] = architecture.get(arch).entries(fe.config, task)
     obj.__dict__["_fastenc_versions"] = {}
     return obj
+
+
+def _column0_real(mask) -> bool:
+    """Whether column 0 is a real token in every row (no left padding): it is then each row's first token."""
+    return mask is None or (mask.shape[1] > 0 and bool(mask[:, 0].bool().all()))
