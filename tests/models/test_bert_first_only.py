@@ -72,10 +72,16 @@ def test_inference_with_labels_trims_and_without_runs_every_token(arch):
     fe = fastenc.from_hf(_model(arch, 2))
     ids, mask, types = _inputs(arch)
     rows = _count_rows(fe)
-    with torch.no_grad():
+    # (the layers' modules run, so the hook sees them: a no-grad forward on the cpu backend takes the inference
+    # plan, which calls the kernels directly)
+    with torch.no_grad(), fastenc.use_backend("reference"):
         full = fe(ids, mask, types)
         out = fe(ids, mask, types, labels=torch.tensor([1, 0, 2, 2, 4]))
     assert rows == [int(mask.sum()), len(LENGTHS)]
+    with torch.no_grad():  # the plan for every block but the last, which runs on the first rows
+        planned = fe(ids, mask, types, labels=torch.tensor([1, 0, 2, 2, 4]))
+    assert rows[2:] == [len(LENGTHS)]
+    torch.testing.assert_close(planned.logits, out.logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(out.logits[3], full[3])  # the empty sequence: the classifier on zeros either way
     torch.testing.assert_close(out.logits, full, rtol=1e-5, atol=1e-5)
 
