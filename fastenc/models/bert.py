@@ -126,7 +126,7 @@ def run_first_rows(layers, x: torch.Tensor, batch, pos: torch.Tensor, plan: Plan
         x, batch, _ = run_blocks(layers, x, batch, pos, None, False, False, plan)
         return batch.first_tokens(x), batch, None
     x, batch, _ = run_blocks(layers[:-1], x, batch, pos, None, False, False, plan)
-    start = batch.cu_seqlens[:-1].long().clamp(max=batch.total - 1)
+    start = batch.first_rows()
     first = layers[-1](x, batch.cu_seqlens, batch.max_seqlen, rows=start)
     empty = batch.seqlens() == 0
     return (first.masked_fill(empty[:, None], 0) if bool(empty.any()) else first), batch, None

@@ -330,7 +330,7 @@ def _first_rows(x: torch.Tensor, batch) -> torch.Tensor:
     valid row; the caller zeroes its output)."""
     if batch.total == 0:
         return x.new_zeros(batch.batch, *x.shape[1:])
-    return x.index_select(0, batch.cu_seqlens[:-1].long().clamp(max=batch.total - 1))
+    return x.index_select(0, batch.first_rows())
 
 
 def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry]:

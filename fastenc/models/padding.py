@@ -42,10 +42,13 @@ class PackedBatch:
     def seqlens(self) -> torch.Tensor:
         return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
 
+    def first_rows(self) -> torch.Tensor:
+        """(batch,) int64: each sequence's first packed row (an empty sequence gets some valid row, 0 with no rows)."""
+        return self.cu_seqlens[:-1].long().clamp(max=max(self.total - 1, 0))
+
     def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(total, hidden) -> (batch, hidden): the first real token of each sequence (zeros for empty ones)."""
-        start = self.cu_seqlens[:-1].long().clamp(max=max(self.total - 1, 0))
-        out = x.index_select(0, start) if self.total else x.new_zeros(self.batch, *x.shape[1:])
+        out = x.index_select(0, self.first_rows()) if self.total else x.new_zeros(self.batch, *x.shape[1:])
         empty = self.seqlens() == 0
         return out.masked_fill(empty.view(-1, *([1] * (out.dim() - 1))), 0) if bool(empty.any()) else out
 
