@@ -195,7 +195,7 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     opt_dict = {k: getattr(opts, k) for k in ("max_batch_tokens", "max_batch_size", "window", "text_field",
                                                "id_field", "on_bad")}
     opt_dict.update(pooling=pooling, normalize=normalize, max_length=max_length)  # the manifest's settings
-    batches = []
+    batches = iter(())
     if items:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
             # bad rows come through marked (never raised in a task): the driver applies on_bad='error' in input
@@ -208,7 +208,10 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
                                                    "dtype": str(dtype).replace("torch.", "") if dtype else None,
                                                    "threads": threads, "opts": opt_dict},
                             num_cpus=0 if gpus_per_actor else actor_cpus, num_gpus=gpus_per_actor or None)
-        batches = ds.iter_batches(batch_size=opts.window, batch_format="pyarrow")
+        # an iterator held here, so that it can be closed: a for loop left by an exception keeps its hidden
+        # iterator alive in the traceback, and with it Ray Data's executor and prefetch threads, until the
+        # traceback is collected (a ray.shutdown() meanwhile can end the process)
+        batches = iter(ds.iter_batches(batch_size=opts.window, batch_format="pyarrow"))
     summary = Summary()
     try:
         for table in batches:
@@ -236,6 +239,10 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     except KeyboardInterrupt:
         raise EmbedInterrupted(f"embed: interrupted; the Ray job left {len(manifest['shards'])} shard(s) in "
                                f"{str(wd)!r} (a Ray run restarts: use overwrite=True / --overwrite)") from None
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # shuts Ray Data's executor down now, whether the loop ended or raised
     writers.finish(out, wd, ".parquet", manifest, hidden)
     summary.seconds = time.perf_counter() - t0
     summary.shards = len(manifest["shards"])

@@ -1,5 +1,8 @@
 """The corpus job on Ray Data (a local Ray instance, 2 CPUs): same ids and embeddings as the in-process job."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,11 +14,32 @@ ray = pytest.importorskip("ray")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
+# The instance belongs to a child process and the tests connect to it as to a cluster: a test process that started
+# the instance itself would, at ray.shutdown(), have its raylet killed under its own driver, which Ray can answer by
+# ending the process with status 1 (seen once: the whole test run ended at this module's teardown).
+HEAD = ("import sys, ray; info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False); "
+        "print(info.address_info['gcs_address'], flush=True); sys.stdin.read(); ray.shutdown()")
+
+
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    # without token authentication (this process, connecting by address, would not present the token a new local
+    # instance makes by default); the instance lives for this module only
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        address = head.stdout.readline().strip()
+        assert address, f"the Ray head process ended with status {head.wait()}"
+        ray.init(address=address, log_to_driver=False)
+        yield
+        ray.shutdown()
+    finally:
+        head.stdin.close()  # the head shuts its instance down when its standard input ends
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            head.kill()
 
 
 def _table(path):
