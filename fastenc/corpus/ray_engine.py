@@ -23,7 +23,7 @@ import numpy as np
 from fastenc.corpus import writers
 from fastenc.corpus.job import (EmbedInterrupted, Options, Summary, default_model_path, embed_ids,
                                 tokenize)
-from fastenc.corpus.memory import pin_mmap_threshold
+from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
 from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block,
                                     resolve_sources, split_source)
 
@@ -88,6 +88,7 @@ class _Embedder:
                                   self.opts.max_batch_size)
             tokens[good] = [len(s) for s in seqs]
             cut[good] = flags
+            release_between_windows()  # each call is one window: the next starts from the same state
         flat = pa.array(emb.reshape(-1))
         return pa.table({"id": batch.column("id"), "embedding": pa.FixedSizeListArray.from_arrays(flat, hidden),
                          "tokens": pa.array(tokens), "truncated": pa.array(cut), "bad": batch.column("bad"),
