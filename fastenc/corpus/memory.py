@@ -1,4 +1,5 @@
-"""The corpus job's memory stays flat as the corpus grows: glibc's mmap threshold is pinned once, at job start.
+"""The corpus job's memory stays flat as the corpus grows: glibc's mmap threshold is pinned once, at job start,
+and each window starts from the same memory state (release_between_windows).
 
 glibc serves a block of at least M_MMAP_THRESHOLD bytes (128 KiB at start) with its own mmap, returned to the system
 on free. By default the threshold is dynamic: freeing an mmapped block raises it to that block's size (up to 32 MiB
