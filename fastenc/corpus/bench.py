@@ -172,10 +172,11 @@ def _ray_rows(tmp: Path, texts: list[str], actors_list) -> list[dict]:
         print("ray not installed: the Ray rows are skipped", file=sys.stderr)
         return []
     import fastenc
+    from fastenc.corpus.ray_engine import local_ray_options
 
     src = tmp / "ray.txt"
     src.write_text("\n".join(texts) + "\n")
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(**local_ray_options())  # as the job starts Ray itself (workers at the driver's niceness)
     rows = []
     try:
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from fastenc.corpus import writers
 from fastenc.corpus.batching import token_budget_batches
-from fastenc.corpus.memory import pin_mmap_threshold
+from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
 from fastenc.corpus.readers import BadRowError, Record, check_fields, iter_records, iter_texts, resolve_sources
 
 
@@ -201,6 +201,8 @@ def iter_windows(records: Iterator[Record], model, pooling: str, normalize: bool
             emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size,
                                   on_batch)
         yield Window(chunk, emb, keep, sum(map(len, seqs)), sum(cut))
+        del chunk, texts, seqs, cut, emb, keep
+        release_between_windows()  # the next window starts from the same memory state as this one did
 
 
 def _bar_update(bar, t0: float):

@@ -1,4 +1,5 @@
-"""The corpus job's memory stays flat as the corpus grows: glibc's mmap threshold is pinned once, at job start.
+"""The corpus job's memory stays flat as the corpus grows: glibc's mmap threshold is pinned once, at job start,
+and each window starts from the same memory state (release_between_windows).
 
 glibc serves a block of at least M_MMAP_THRESHOLD bytes (128 KiB at start) with its own mmap, returned to the system
 on free. By default the threshold is dynamic: freeing an mmapped block raises it to that block's size (up to 32 MiB
@@ -26,22 +27,39 @@ _log = logging.getLogger(__name__)
 _state = {"done": False, "pinned": False}
 
 
-def _find_mallopt():
-    """glibc's mallopt as a ctypes function, or None where the C library is not glibc (the parameter number -3 is
-    glibc's) or cannot be opened."""
+def _glibc():
+    """The process's C library if it is glibc (mallopt's parameter number -3 and malloc_trim are glibc's), else
+    None (not Linux, or it cannot be opened)."""
     if not sys.platform.startswith("linux"):
         return None
     for name in (None, "libc.so.6"):
         try:
             libc = ctypes.CDLL(name)
             libc.gnu_get_libc_version  # glibc only
-            fn = libc.mallopt
+            return libc
         except (OSError, AttributeError):
             continue
+    return None
+
+
+def _find_mallopt():
+    """glibc's mallopt as a ctypes function, or None where the C library is not glibc or cannot be opened."""
+    libc = _glibc()
+    fn = getattr(libc, "mallopt", None) if libc is not None else None
+    if fn is not None:
         fn.argtypes = [ctypes.c_int, ctypes.c_int]
         fn.restype = ctypes.c_int
-        return fn
-    return None
+    return fn
+
+
+def _find_malloc_trim():
+    """glibc's malloc_trim as a ctypes function, or None without glibc."""
+    libc = _glibc()
+    fn = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_size_t]
+        fn.restype = ctypes.c_int
+    return fn
 
 
 def pin_mmap_threshold(value: int = MMAP_THRESHOLD) -> bool:
@@ -60,3 +78,18 @@ def pin_mmap_threshold(value: int = MMAP_THRESHOLD) -> bool:
     _state["pinned"] = True
     _log.debug("embed: glibc's mmap threshold pinned at %d bytes", value)
     return True
+
+
+def release_between_windows() -> None:
+    """Give back what a window left behind before the next one starts, so every window starts from the same state
+    whatever ran before it: the CPU buffer cache's free blocks (sized for the last window's batch shapes; it refills
+    within a window up to its own bound, csrc/cpu/buffer_cache.h) and, with glibc, the free pages inside malloc's
+    arenas (malloc_trim(0): the heap and every thread's arena, where the tokenizer's and OpenMP threads' small
+    blocks live). Costs one refill of the cache per window: a few hundred thousand page faults at most, against a
+    window of thousands of texts."""
+    from fastenc.extension import empty_cache
+
+    empty_cache()
+    fn = _find_malloc_trim()
+    if fn is not None:
+        fn(0)
