@@ -12,9 +12,10 @@
 // run from L2, so memory and FMA time added up (16 rows, BERT-base's 340 MB of weights, one thread: 5.5 GB/s of an
 // 11-13 GB/s read rate). Each row block therefore prefetches into L2 its share of the thread's next panel, in
 // proportion to its rows (pf_step floats per k step), so the next panel streams in while this one is computed.
-// Measured single-threaded with thread CPU time over 12 BERT-base layers' weights (340 MB, not in cache): 16 rows
-// 0.77-0.87x the time without it, 8 rows 0.70-0.80x, 3-5 rows 0.83-0.90x, 1 row level; none above
-// kPrefetchMaxTiles row blocks.
+// Measured single-threaded with thread CPU time, under load, against the same kernel without prefetch, cycling
+// through 12 BERT-base layers' weights (340 MB): 16 rows 0.77-0.87x the time, 8 rows 0.70-0.83x, 3-5 rows
+// 0.83-0.90x, 1 row level; through MiniLM's 6 layers (42 MB) at 16 rows 0.86x. None above kPrefetchMaxTiles row
+// blocks.
 // Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so
 // y = x W^T + bias + y_old leaves the registers once; with an activation (the MLP's first projection) each row
 // block's GELU runs on its just-stored MR x NW tile while it is still in L1 (fast_math.h's fm_gelu_erf / tanh, the
@@ -44,7 +45,6 @@ constexpr int VW = 8, NC = 2, MR = 6;
 constexpr int VW = 4, NC = 2, MR = 4;
 #endif
 constexpr int NW = VW * NC;
-static_assert(NW <= 32, "tile()'s prefetch requests at most two cache lines per k step");
 typedef float vf __attribute__((vector_size(VW * 4)));
 
 inline vf load(const float* p) {
@@ -67,8 +67,8 @@ inline vf splat(const float* p) {
 }
 
 // One R x NW tile: rows x[0..R) (row stride ldx), panel wp (K x NW), columns [0, ncols) of y written.
-// Software prefetch of the next panel (module comment): at k step k, the lines holding pf[k * pf_step ..
-// (k + 1) * pf_step) are requested into L2, for k * pf_step < pf_len (pf == nullptr: none).
+// Software prefetch of the next panel (module comment): before k steps [k0, k0 + kPrefetchBlock), the lines of
+// pf[k0 * pf_step, (k0 + kPrefetchBlock) * pf_step) below pf_len are requested into L2 (pf == nullptr: none).
 struct Prefetch {
   const float* pf = nullptr;
   int64_t pf_step = 0, pf_len = 0;
@@ -80,6 +80,9 @@ inline void prefetch_l2(const float* p) { __builtin_prefetch(p, 0, 2); }
 // Row blocks up to which a GEMM prefetches (24 rows on AVX2): beyond them the FMAs dominate the weight stream and
 // each block's share of the next panel is a few lines requested again and again (127 rows measured 1.2x slower).
 constexpr int64_t kPrefetchMaxTiles = 4;
+// k steps per batch of prefetch requests: one request per line and one branch per block, not per k step (a request
+// per step slowed MiniLM's K = 384 GEMMs by 5-30 %).
+constexpr int64_t kPrefetchBlock = 16;
 
 template <int R>
 void tile(const float* __restrict x, int64_t ldx, const float* __restrict wp, int64_t K,
@@ -114,21 +117,23 @@ void tile(const float* __restrict x, int64_t ldx, const float* __restrict wp, in
       for (int c = 0; c < NC; ++c) acc[r][c] += load(yr + c * VW);
     }
   }
-  const int64_t pf_steps = pf.pf == nullptr ? 0 : std::min<int64_t>(K, (pf.pf_len + pf.pf_step - 1) / pf.pf_step);
-  for (int64_t k = 0; k < K; ++k) {
-    if (k < pf_steps) {  // pf_step <= NW <= 32 floats: at most two 64-byte lines per step
-      const float* q = pf.pf + k * pf.pf_step;
-      prefetch_l2(q);
-      if (pf.pf_step > 16) prefetch_l2(q + 16);
+  for (int64_t k0 = 0; k0 < K; k0 += kPrefetchBlock) {
+    const int64_t k1 = std::min(K, k0 + kPrefetchBlock);
+    if (pf.pf != nullptr) {  // this block's pf[k0 * pf_step, k1 * pf_step), one request per 64-byte line
+      const int64_t a = k0 * pf.pf_step, b = std::min(k1 * pf.pf_step, pf.pf_len);
+      for (int64_t o = a; o < b; o += 16) prefetch_l2(pf.pf + o);
+      if (a < b) prefetch_l2(pf.pf + b - 1);
     }
-    vf b[NC];
+    for (int64_t k = k0; k < k1; ++k) {
+      vf b[NC];
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) b[c] = load(wp + k * NW + c * VW);
+      for (int c = 0; c < NC; ++c) b[c] = load(wp + k * NW + c * VW);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const vf a = splat(x + r * ldx + k);
+      for (int r = 0; r < R; ++r) {
+        const vf a = splat(x + r * ldx + k);
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) acc[r][c] += a * b[c];
+        for (int c = 0; c < NC; ++c) acc[r][c] += a * b[c];
+      }
     }
   }
 #pragma GCC unroll 8
