@@ -197,6 +197,28 @@ def test_few_row_gemm_bad_input_is_named():
         ext.gemm_pack(w.double())
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m", [1, 5, 7, 16, 24, 25, 127])
+@pytest.mark.parametrize("k,n", [(67, 151), (1031, 4005)], ids=["67x151", "1031x4005"])
+def test_few_row_gemm_thread_ranges_and_prefetch(k, n, m, threads):
+    # Every panel written once whatever the split of panels over the team (1031 x 4005 is past the parallel
+    # threshold from 1 row) and whatever the row blocks' prefetch of the next panel (up to 4 row blocks, then none):
+    # odd k, a partial last panel, 1-4 and more row blocks, into a poisoned strided output, with bias and residual.
+    ext = extension.load()
+    w, bias = testing.randn(n, k), testing.randn(n)
+    x, acc = testing.randn(m, k), testing.randn(m, n)
+    packed = ext.gemm_pack(w)
+    ref = F.linear(x.double(), w.double(), bias.double())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = testing.randn(m, n + 3)[:, :n].fill_(float("nan"))
+        testing.assert_close(ext.gemm_packed(x, packed, n, bias, out, False, None), ref)
+        testing.assert_close(ext.gemm_packed(x, packed, n, bias, acc.clone(), True, None), ref + acc.double())
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("m,k,n", [(1, 7, 3), (16, 33, 41), (7, 96, 152)], ids=["1x7x3", "16x33x41", "7x96x152"])
 def test_few_row_gemm_gelu_epilogue(m, k, n, approximate):
