@@ -1,6 +1,7 @@
 """ModernBERT sequence classification training step (forward + cross-entropy + backward + AdamW) at 1 and 2
 threads, 8 x 128 tokens, the providers interleaved in one process: fastenc with the first-rows gather's backward as
-torch's index_select has it (index_add_: "before"), fastenc as it runs ("now") and transformers with sdpa.
+torch's index_select has it (index_add_) and RoPE on contiguous copies of q, k and their gradients ("before"),
+fastenc as it runs ("now") and transformers with sdpa.
 ModernBERT-base widths and vocabulary, LAYERS layers (4: both local and global layers occur), config dropouts,
 train mode, random weights. 1 thread: thread CPU time (usable on a loaded machine); 2 threads: wall time.
 Usage: python bench/modernbert_step_threads.py LAYERS ROUNDS [THREADS...]   (default threads: 1 2)
@@ -10,6 +11,7 @@ import sys, time, statistics, copy, os, torch, torch.nn.functional as F
 import transformers as tf, fastenc
 from fastenc.benchmark.models import text_batch
 from fastenc.models import modernbert
+from fastenc.ops import rope as rope_op
 layers, rounds = int(sys.argv[1]), int(sys.argv[2])
 threads = [int(t) for t in sys.argv[3:]] or [1, 2]
 torch.manual_seed(0)
@@ -17,7 +19,7 @@ cfg = tf.ModernBertConfig(num_labels=2, num_hidden_layers=layers)
 hf = tf.ModernBertForSequenceClassification(cfg); hf.set_attn_implementation("sdpa")
 inputs = text_batch([128] * 8, cfg.vocab_size); labels = torch.randint(0, 2, (8,))
 fe = fastenc.from_hf(copy.deepcopy(hf)).train(); fe_old = fastenc.from_hf(copy.deepcopy(hf)).train(); hf.train()
-gather = modernbert._RowGather
+gather, strided = modernbert._RowGather, rope_op._TOKEN_STRIDED
 
 
 class _IndexSelect:  # the gather as it was: torch's index_select and its backward
@@ -28,11 +30,12 @@ def stepper(m, fwd, old=False):
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4)
     def step():
         modernbert._RowGather = _IndexSelect if old else gather
+        rope_op._TOKEN_STRIDED = () if old else strided
         try:
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(fwd(), labels); loss.backward(); opt.step()
         finally:
-            modernbert._RowGather = gather
+            modernbert._RowGather, rope_op._TOKEN_STRIDED = gather, strided
     return step
 
 
