@@ -11,7 +11,8 @@ import sys, time, statistics, copy, os, torch, torch.nn.functional as F
 import transformers as tf, fastenc
 from fastenc.benchmark.models import text_batch
 from fastenc.models import modernbert
-from fastenc.ops import rope as rope_op
+import importlib
+rope_op = importlib.import_module("fastenc.ops.rope")  # (fastenc.ops.rope the name is the function)
 layers, rounds = int(sys.argv[1]), int(sys.argv[2])
 threads = [int(t) for t in sys.argv[3:]] or [1, 2]
 torch.manual_seed(0)
