@@ -284,13 +284,21 @@ std::tuple<Tensor, Tensor> rope_cpu(const Tensor& q, const Tensor& k, const Tens
               "rope: cos, sin must both be (positions, half) with 2*half <= ", q.size(2), ", got ", cos.sizes(),
               " and ", sin.sizes());
   TORCH_CHECK(positions.numel() == q.size(0), "rope: positions must have one entry per token");
-  Tensor qf = f32(q), kf = f32(k), cf = f32(cos), sf = f32(sin);
+  // fp32 q, k whose every token's (heads, dim) block is contiguous are read in place at their token stride (q and
+  // k sliced out of a fused QKV buffer, their gradients out of one); others are copied first. Outputs contiguous.
+  auto token_rows = [](const Tensor& t) {
+    return t.scalar_type() == at::kFloat && (t.size(1) <= 1 || t.stride(1) == t.size(2)) &&
+                   (t.size(2) <= 1 || t.stride(2) == 1) && t.stride(0) >= t.size(1) * t.size(2)
+               ? t
+               : f32(t);
+  };
+  Tensor qf = token_rows(q), kf = token_rows(k), cf = f32(cos), sf = f32(sin);
   Tensor pos = positions.to(at::kInt).contiguous();
-  Tensor qo = cpu_empty_like(qf), ko = cpu_empty_like(kf);
+  Tensor qo = cpu_empty(qf.sizes(), qf.options()), ko = cpu_empty(kf.sizes(), kf.options());
   const int64_t bad = fastenc_cpu::rope_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), qo.data_ptr<float>(),
                                             ko.data_ptr<float>(), cf.data_ptr<float>(), sf.data_ptr<float>(),
                                             pos.data_ptr<int32_t>(), q.size(0), q.size(1), k.size(1), q.size(2),
-                                            cos.size(1), cos.size(0), inverse);
+                                            cos.size(1), cos.size(0), inverse, qf.stride(0), kf.stride(0));
   TORCH_CHECK_VALUE(bad == 0, "rope: positions (from position_ids or cu_seqlens) must be in [0, ", cos.size(0),
                     ") (the cos/sin table); ", bad, " of ", q.size(0), " tokens are outside");
   return {qo.to(q.scalar_type()), ko.to(k.scalar_type())};

@@ -25,7 +25,7 @@ void geglu_fwd(const float* x, float* out, int64_t rows, int64_t n, int64_t ldo,
 // backward). Returns how many tokens have a position outside [0, npos) (their rows are NaN; the table is not read).
 int64_t rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
                  const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half, int64_t npos,
-                 bool inverse);
+                 bool inverse, int64_t sq, int64_t sk);  // sq, sk: q's and k's token strides (outputs contiguous)
 
 // Backward of gelu_fwd: dx = grad * gelu'(x + bias); dbias (n, fp32, may be null when bias is) = sum of dx over
 // rows. Backward of geglu_fwd: x rows x 2n, grad rows x n -> dx rows x 2n (input half, gate half).

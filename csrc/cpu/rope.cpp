@@ -3,6 +3,9 @@
 // The backward is the inverse rotation (sin -> -sin: the rotation is orthogonal, its inverse is its transpose).
 // Each token's position is checked where it is read: a position outside [0, P) never reads the table; that
 // token's rows are written as NaN and counted, and the caller raises.
+// Inputs are read in place at any token stride (sq, sk elements between tokens; each token's heads x d block
+// contiguous): q and k sliced out of a fused QKV buffer, or their gradients out of one, need no copy first.
+// Outputs are contiguous (tokens, heads, d).
 #include <cstring>
 #include <limits>
 
@@ -25,7 +28,7 @@ static inline void rotate(const float* x, float* y, const float* c, const float*
 template <bool INV>
 static int64_t rope_apply(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
                           const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half,
-                          int64_t npos) {
+                          int64_t npos, int64_t sq, int64_t sk) {
   int64_t bad = 0;
   const bool parallel = worth_parallel(tokens * (hq + hk) * d, kParallelMinElems);
 #pragma omp parallel for schedule(static) reduction(+ : bad) if (parallel)
@@ -40,17 +43,17 @@ static int64_t rope_apply(const float* q, const float* k, float* qo, float* ko, 
     }
     const float* c = cos + p * half;
     const float* s = sin + p * half;
-    for (int64_t h = 0; h < hq; ++h) rotate<INV>(q + (t * hq + h) * d, qo + (t * hq + h) * d, c, s, d, half);
-    for (int64_t h = 0; h < hk; ++h) rotate<INV>(k + (t * hk + h) * d, ko + (t * hk + h) * d, c, s, d, half);
+    for (int64_t h = 0; h < hq; ++h) rotate<INV>(q + t * sq + h * d, qo + (t * hq + h) * d, c, s, d, half);
+    for (int64_t h = 0; h < hk; ++h) rotate<INV>(k + t * sk + h * d, ko + (t * hk + h) * d, c, s, d, half);
   }
   return bad;
 }
 
 int64_t rope_fwd(const float* q, const float* k, float* qo, float* ko, const float* cos, const float* sin,
                  const int32_t* pos, int64_t tokens, int64_t hq, int64_t hk, int64_t d, int64_t half, int64_t npos,
-                 bool inverse) {
-  return inverse ? rope_apply<true>(q, k, qo, ko, cos, sin, pos, tokens, hq, hk, d, half, npos)
-                 : rope_apply<false>(q, k, qo, ko, cos, sin, pos, tokens, hq, hk, d, half, npos);
+                 bool inverse, int64_t sq, int64_t sk) {
+  return inverse ? rope_apply<true>(q, k, qo, ko, cos, sin, pos, tokens, hq, hk, d, half, npos, sq, sk)
+                 : rope_apply<false>(q, k, qo, ko, cos, sin, pos, tokens, hq, hk, d, half, npos, sq, sk);
 }
 
 }  // namespace fastenc_cpu

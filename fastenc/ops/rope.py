@@ -33,6 +33,9 @@ def _(q, k, cos, sin, positions, backend):
 _backends.reference(OP, _reference)
 _backends.triton(OP, "fastenc.kernels.rope", "rope_fwd")
 _backends.cpu(OP, "rope")
+# Backends whose kernels read q, k (and the output gradients) with any token stride, each token's (heads, dim)
+# block contiguous (csrc/cpu/rope.cpp); the others get contiguous copies.
+_TOKEN_STRIDED = ("cpu",)
 _backends.cuda(OP, "rope_cuda")
 
 
@@ -76,15 +79,15 @@ def _setup_context(ctx, inputs, output):
 
 
 def _side(grad, shape, dtype, needed):
-    """The output gradient of one side as a contiguous (T, H, D) tensor, or a (T, 0, D) one when not needed (the
-    kernels then do no work for it)."""
+    """The output gradient of one side as a (T, H, D) tensor (any strides: see _backward), or a (T, 0, D) one when
+    not needed (the kernels then do no work for it)."""
     if not needed:
         return torch.empty((shape[0], 0, shape[2]), dtype=dtype, device=grad.device if grad is not None else None)
     if grad is None:  # an output that did not reach the loss
         return torch.zeros(shape, dtype=dtype)
     if grad.shape != shape or grad.dtype != dtype:
         raise ValueError(f"{OP}: output gradient must be {tuple(shape)} {dtype}, got {tuple(grad.shape)} {grad.dtype}")
-    return grad.contiguous()
+    return grad
 
 
 def _backward(ctx, grad_q, grad_k):
@@ -97,6 +100,8 @@ def _backward(ctx, grad_q, grad_k):
     gk = _side(grad_k, k_shape, dtype, need_k).to(cos.device)
     impl = registry.select_backward(OP_BWD, {"grad_q": gq, "grad_k": gk, "cos": cos, "sin": sin,
                                              "positions": positions}, ctx.backend)
+    if impl.backend not in _TOKEN_STRIDED:
+        gq, gk = gq.contiguous(), gk.contiguous()
     dq, dk = _rope_bwd_op(gq, gk, cos, sin, positions, impl.backend)
     return (dq if need_q else None), (dk if need_k else None), None, None, None, None
 
@@ -195,10 +200,12 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             pos = pos.repeat(q.shape[0])
     if q.numel() == 0 and k.numel() == 0:
         return q.new_empty(q.shape), k.new_empty(k.shape)
-    q3 = q.reshape(tokens, q.shape[-2], d).contiguous()
-    k3 = k.reshape(tokens, k.shape[-2], d).contiguous()
+    q3 = q.reshape(tokens, q.shape[-2], d)
+    k3 = k.reshape(tokens, k.shape[-2], d)
     c, s = cos.float().contiguous(), sin.float().contiguous()
     impl = registry.select(OP, {"q": q3, "k": k3, "cos": c, "sin": s, "positions": pos}, backend)
+    if impl.backend not in _TOKEN_STRIDED:  # (the cpu kernel reads q and k at their token stride, e.g. from fused QKV)
+        q3, k3 = q3.contiguous(), k3.contiguous()
     if needs_grad(q, k):
         registry.select_backward(OP_BWD, {"grad_q": q3, "grad_k": k3, "cos": c, "sin": s, "positions": pos},
                                  impl.backend)  # fails before the forward

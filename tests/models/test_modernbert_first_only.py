@@ -47,3 +47,30 @@ def test_mean_pooling_still_reads_every_token():
         ref = hf(input_ids=ids, attention_mask=mask).logits
         got = fastenc.from_hf(hf)(ids, mask)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_first_rows_gather_gradient_equals_index_select():
+    from fastenc.models.modernbert import _RowGather
+    x = torch.randn(13, 7, dtype=torch.float64, requires_grad=True)
+    rows = torch.tensor([0, 5, 5, 12])  # a repeated row (an empty sequence's stand-in): its gradients add up
+    g = torch.randn(4, 7, dtype=torch.float64)
+    got = _RowGather.apply(x, rows)
+    (dx,) = torch.autograd.grad(got, x, g)
+    want = x.index_select(0, rows)
+    (dx_want,) = torch.autograd.grad(want, x, g)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(dx, dx_want, rtol=0, atol=1e-15)
+    assert torch.count_nonzero(dx[1:5]) == 0 and torch.count_nonzero(dx[5]) == 7
+
+
+def test_first_rows_gradients_with_an_empty_sequence():
+    hf = _hf.modernbert("sequence_classification", layers=2)
+    ids, mask, _ = _hf.text_batch([9, 3, 14])
+    mask[1] = 0
+    ids = ids * mask
+    trimmed, full = fastenc.from_hf(hf).train(), fastenc.from_hf(hf).train()
+    trimmed.classify(trimmed._run(ids, mask, first_only=True)[0]).square().sum().backward()
+    full.classify(_pooled_full(full, ids, mask)).square().sum().backward()
+    grads = dict(full.named_parameters())
+    for name, p in trimmed.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)

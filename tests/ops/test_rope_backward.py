@@ -187,3 +187,28 @@ def test_rope_bwd_op_bad_gradients(backend):
     with pytest.raises(ValueError, match="torch.float16"):
         torch.ops.fastenc.rope_bwd(testing.randn(5, 3, 64, device=dev),
                                    testing.randn(5, 1, 64, dtype=torch.float16, device=dev), cos, sin, pos, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_backward_fused_qkv_views(backend):
+    """q and k sliced out of one fused (tokens, 3, heads, dim) projection, and their output gradients out of one
+    (tokens, 3, heads, dim) buffer (attention's fused gradient): token-strided views (the cpu kernel reads them in
+    place); odd head dim 65 with rotary 64, 19 tokens in two sequences. The gradient reaches the fused buffer."""
+    dev = testing.device_for(backend)
+    cos, sin = rope_cache(64, 32, device=dev)
+    cu = torch.tensor([0, 7, 19], dtype=torch.int32, device=dev)
+    qkv = testing.randn(19, 3, 3, 65, device=dev).requires_grad_(True)
+    q, k, v = qkv.unbind(1)
+    assert not (q.is_contiguous() or k.is_contiguous())
+    qo, ko = fastenc.ops.rope(q, k, cos, sin, cu_seqlens=cu, backend=backend)
+    pos = positions_from_cu_seqlens(cu, 19)
+    ref = rope_ref(q.detach().contiguous(), k.detach().contiguous(), cos, sin, pos)
+    testing.assert_close(qo, ref[0], name="q")
+    testing.assert_close(ko, ref[1], name="k")
+    fused = testing.randn(19, 3, 3, 65, device=dev)
+    gq, gk, gv = fused.unbind(1)
+    torch.autograd.backward([qo, ko, v], [gq, gk, gv])
+    want = rope_bwd_ref(gq.contiguous(), gk.contiguous(), cos, sin, pos)
+    testing.assert_close(qkv.grad[:, 0], want[0], name="dq")
+    testing.assert_close(qkv.grad[:, 1], want[1], name="dk")
+    assert torch.equal(qkv.grad[:, 2], gv)
