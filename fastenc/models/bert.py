@@ -40,6 +40,7 @@ from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import BertConfig
+from fastenc.models.padding import gather_rows
 
 _GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's
 
@@ -115,7 +116,7 @@ class BertLayer(nn.Module):
 def _attend(layer: BertLayer, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rows):
     """(attention output, residual) of a block, both at `rows` only when given (keys and values need every row)."""
     o = layer.attn.attend(x, cu_seqlens, max_seqlen)
-    return (o, x) if rows is None else (o.index_select(0, rows), x.index_select(0, rows))
+    return (o, x) if rows is None else (gather_rows(o, rows), gather_rows(x, rows))
 
 
 def run_first_rows(layers, x: torch.Tensor, batch, pos: torch.Tensor, plan: Plan | None = None):

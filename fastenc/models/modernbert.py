@@ -31,6 +31,7 @@ from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import (column_attention, padded_first_rows, padded_positions, row_tokens,
                                     rows_with_holes)
 from fastenc.models.config import ModernBertConfig
+from fastenc.models.padding import gather_rows
 
 
 class ModernBertEmbeddings(nn.Module):
@@ -331,25 +332,7 @@ def _first_rows(x: torch.Tensor, batch) -> torch.Tensor:
     if batch.total == 0:
         return x.new_zeros(batch.batch, *x.shape[1:])
     rows = batch.first_rows()
-    return _RowGather.apply(x, rows) if x.requires_grad else x.index_select(0, rows)
-
-
-class _RowGather(torch.autograd.Function):
-    """x.index_select(0, rows) whose backward scatters with index_put_(accumulate=True): torch's own backward goes
-    through index_add_, which on CPU with a team of threads sorts the index in several parallel passes (at 2 threads
-    ~100x the 1-thread time for 8 rows of a 1024 x 768 gradient, under load; one pass here). Rows may repeat (an
-    empty sequence's stand-in row): their gradients add up, as index_select's do."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(rows)
-        ctx.shape = x.shape
-        return x.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (rows,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.shape).index_put_((rows,), grad, accumulate=True), None
+    return gather_rows(x, rows)
 
 
 def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry]:
