@@ -42,24 +42,23 @@ def _glibc():
     return None
 
 
-def _find_mallopt():
-    """glibc's mallopt as a ctypes function, or None where the C library is not glibc or cannot be opened."""
+def _glibc_function(name: str, argtypes: list, restype=ctypes.c_int):
+    """glibc's function `name` as a typed ctypes function, or None without glibc."""
     libc = _glibc()
-    fn = getattr(libc, "mallopt", None) if libc is not None else None
+    fn = getattr(libc, name, None) if libc is not None else None
     if fn is not None:
-        fn.argtypes = [ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
+        fn.argtypes, fn.restype = argtypes, restype
     return fn
+
+
+def _find_mallopt():
+    """glibc's mallopt, or None where the C library is not glibc or cannot be opened."""
+    return _glibc_function("mallopt", [ctypes.c_int, ctypes.c_int])
 
 
 def _find_malloc_trim():
-    """glibc's malloc_trim as a ctypes function, or None without glibc."""
-    libc = _glibc()
-    fn = getattr(libc, "malloc_trim", None) if libc is not None else None
-    if fn is not None:
-        fn.argtypes = [ctypes.c_size_t]
-        fn.restype = ctypes.c_int
-    return fn
+    """glibc's malloc_trim, or None without glibc."""
+    return _glibc_function("malloc_trim", [ctypes.c_size_t])
 
 
 def pin_mmap_threshold(value: int = MMAP_THRESHOLD) -> bool:
