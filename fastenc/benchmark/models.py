@@ -8,7 +8,7 @@ sequence with an attention mask, as transformers users run it). Throughput count
 Batch-1 latency (1 x 16 and 1 x 128 tokens, or 1 image) p50/p95 in rows of their own (`latency_rows`: time
 ratios to each baseline, of the p50s and paired, with the paired ratio's 20-80% spread), peak memory of one
 fixed-workload call, throughput ratios to baselines: of the medians, and paired (the median of the per-round
-ratios of the interleaved samples). breakdown=True adds where fastenc's and transformers' batch-1 time goes
+ratios of the interleaved samples, THROUGHPUT_ROUNDS rounds per workload, with their 20-80% spread). breakdown=True adds where fastenc's and transformers' batch-1 time goes
 (fastenc.benchmark.latency).
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ from fastenc.benchmark.kernels import varlen_lengths
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
 BASELINES = ("hf-eager", "hf-sdpa", "hf-compile", "onnxruntime")
+THROUGHPUT_ROUNDS = 9  # timed interleaved rounds of each throughput workload (full mode; --quick: 2)
 
 
 @dataclass
@@ -432,7 +433,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
             for name, call in calls.items():  # heap, which a timed sample must not (it would time the refill)
                 mem[name] = timing.peak_memory(call, device)[0]
         per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
-                                    repeats=2 if quick else (9 if w == "fixed" else 7), on_round=tick)
+                                    repeats=2 if quick else THROUGHPUT_ROUNDS, on_round=tick)
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
     for w, samples in per.items():
         _, units, desc = loads[w]
@@ -447,6 +448,8 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                 if b in thr and b != name:
                     row[f"ratio_vs_{b}"] = thr[name] / thr[b]
                     row[f"paired_ratio_vs_{b}"] = paired_ratio(samples[b], s)
+                    ratios = [bt / t for bt, t in zip(samples[b], s)]
+                    row[f"paired_ratio_vs_{b}_q20_q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
             rows.append(row)
     return rows, lat_rows, parts
 

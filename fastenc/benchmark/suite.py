@@ -190,6 +190,12 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     return {"payload": payload, "files": [f for f in files if f], "failures": failed}
 
 
+def _spread(row: dict, base: str) -> str:
+    """', 20-80% a-b' for a throughput row's paired ratio to `base`, or '' when the row has no spread."""
+    q = row.get(f"paired_ratio_vs_{base}_q20_q80")
+    return f", 20-80% {q[0]:.2f}-{q[1]:.2f}" if q else ""
+
+
 def model_table(results: list[dict]) -> str:
     rows = [r for res in results for r in res["rows"]]
     cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("throughput", "units/s"),
@@ -205,7 +211,7 @@ def model_table(results: list[dict]) -> str:
     lines = []
     for r in rows:
         if r["provider"] == "fastenc":
-            parts = [f"{r[f'ratio_vs_{b}']:.2f}x {b} (paired {r[f'paired_ratio_vs_{b}']:.2f}x)"
+            parts = [f"{r[f'ratio_vs_{b}']:.2f}x {b} (paired {r[f'paired_ratio_vs_{b}']:.2f}x{_spread(r, b)})"
                      for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile")
                      if f"ratio_vs_{b}" in r and r[f"ratio_vs_{b}"] is not None]
             if parts:

@@ -103,6 +103,8 @@ def test_tiny_model_end_to_end(monkeypatch):
         assert r["latency_p50_ms"] <= r["latency_p95_ms"]
         if r["provider"] == "fastenc":
             assert math.isfinite(r["ratio_vs_hf-sdpa"]) and r["ratio_vs_hf-sdpa"] > 0
+            lo, hi = r["paired_ratio_vs_hf-sdpa_q20_q80"]
+            assert 0 < lo <= r["paired_ratio_vs_hf-sdpa"] <= hi
 
 
 def test_models_run_one_process_per_model(tmp_path):
