@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -277,8 +278,43 @@ def is_cached(d: Path, name: str, stamp: str) -> bool:
     return ninja_up_to_date(d)
 
 
+BATON = "lock"  # the file torch.utils.cpp_extension.load creates in the build folder while it builds
+
+
+@contextmanager
+def build_lock(kind: str):
+    """Hold an exclusive flock on build_dir()/.<kind>.build.lock while one half builds or loads its JIT build.
+
+    torch's own guard is a plain file (BATON) in the build folder that its builder deletes when done: a build killed
+    midway leaves it, and every later build of that folder waits for it forever. The kernel drops a flock when its
+    process dies, so every fastenc build holding this lock makes a baton found under it stale: it is removed (with
+    a message). The lock file lives beside the half's folder, which a stale build's cleanup empties. Without fcntl
+    (not POSIX) this only yields."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(build_dir() / f".{kind}.build.lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            baton = half_dir(kind) / BATON
+            if baton.exists():
+                print(f"fastenc: removing {baton}, left by a build that did not finish", file=sys.stderr, flush=True)
+                baton.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def _jit_build(kind: str, verbose: bool | None):
-    """Build (or load the cached build of) one half with ninja; RuntimeError with the compiler's message."""
+    """Build (or load the cached build of) one half with ninja, under build_lock; RuntimeError with the compiler's
+    message."""
+    with build_lock(kind):
+        return _jit_build_locked(kind, verbose)
+
+
+def _jit_build_locked(kind: str, verbose: bool | None):
     from torch.utils.cpp_extension import load as _load
 
     cuda = kind == "cuda"

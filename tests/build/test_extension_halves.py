@@ -88,6 +88,49 @@ def test_cached_load_prints_no_build_message():
     assert "building the C++ extension" not in second.stderr and "extension ready" not in second.stderr, second.stderr
 
 
+def test_stale_baton_of_a_killed_build_does_not_hang_the_next_load():
+    """A build killed midway leaves torch's baton file in the build folder; the next process still loads the
+    (cached) cpu half, removing the baton, instead of waiting for it forever."""
+    env = dict(os.environ)
+    code = "from fastenc import extension; extension.load(); print('loaded', extension.loaded())"
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1500)
+    assert first.returncode == 0 and "loaded True" in first.stdout, first.stderr
+    baton = extension.half_dir("cpu") / extension.BATON
+    baton.touch()
+    try:
+        second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        baton.unlink(missing_ok=True)
+    assert second.returncode == 0 and "loaded True" in second.stdout, second.stderr
+    assert "left by a build that did not finish" in second.stderr, second.stderr
+
+
+def test_build_lock_is_released_when_its_process_dies(tmp_path, monkeypatch):
+    """A process killed while it holds the build lock (and torch's baton) blocks nobody: the kernel drops its
+    flock, and the next holder removes the baton it left."""
+    fcntl = pytest.importorskip("fcntl")
+    monkeypatch.setenv("FASTENC_EXT_DIR", str(tmp_path))
+    holder = ("import sys, time\nfrom fastenc import extension\n"
+              "with extension.build_lock('cpu'):\n"
+              "    (extension.half_dir('cpu') / extension.BATON).touch()\n"
+              "    print('held', flush=True)\n"
+              "    time.sleep(600)\n")
+    env = dict(os.environ, FASTENC_EXT_DIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with open(tmp_path / ".cpu.build.lock", "a") as fh:  # held by the live process: a try fails at once
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    baton = tmp_path / "cpu" / extension.BATON
+    assert baton.exists()
+    with extension.build_lock("cpu"):
+        assert not baton.exists()
+
+
 def test_build_stamp_follows_sources_and_flags(tmp_path, monkeypatch):
     src = tmp_path / "csrc"
     shutil.copytree(extension.csrc_dir(), src)
