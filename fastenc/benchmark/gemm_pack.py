@@ -129,8 +129,9 @@ def main(argv=None) -> int:
                       f"{r['packed_gflops']:6.1f} GF/s  plain/packed {r['plain/packed']:.2f} "
                       f"[{r['plain/packed q20-q80'][0]:.2f}, {r['plain/packed q20-q80'][1]:.2f}]  acc "
                       f"{r['plain-acc/packed-acc']:.2f}  rel diff {r['max_rel_diff']:.1e}"
-                      + (f"  best/panels {r['best/panels']:.2f} [{r['best/panels q20-q80'][0]:.2f}, "
-                         f"{r['best/panels q20-q80'][1]:.2f}]" if "best/panels" in r else ""), flush=True)
+                      + (f"  panels {r['panels_gflops']:6.1f} GF/s  best/panels {r['best/panels']:.2f} "
+                         f"[{r['best/panels q20-q80'][0]:.2f}, {r['best/panels q20-q80'][1]:.2f}]"
+                         if "best/panels" in r else ""), flush=True)
     if a.out:
         meta = report.metadata("cpu", torch.float32, False)
         meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS,
