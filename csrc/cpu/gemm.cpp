@@ -10,12 +10,14 @@
 // balanced range of panels and streams it in address order.
 // Prefetch: a panel read from memory by its first row block alone leaves the memory idle while the later row blocks
 // run from L2, so memory and FMA time added up (16 rows, BERT-base's 340 MB of weights, one thread: 5.5 GB/s of an
-// 11-13 GB/s read rate). Each row block therefore prefetches into L2 its share of the thread's next panel, in
-// proportion to its rows (pf_step floats per k step), so the next panel streams in while this one is computed.
+// 11-13 GB/s read rate). The first min(row blocks, kPrefetchMaxTiles) row blocks therefore prefetch into L2 the
+// thread's next panel, each a share in proportion to its rows (pf_step floats per k step), so the next panel
+// streams in while this one is computed; the later row blocks of a taller x run on the current panel alone.
 // Measured single-threaded with thread CPU time, under load, against the same kernel without prefetch, cycling
 // through 12 BERT-base layers' weights (340 MB): 16 rows 0.77-0.87x the time, 8 rows 0.70-0.83x, 3-5 rows
-// 0.83-0.90x, 1 row level; through MiniLM's 6 layers (42 MB) at 16 rows 0.86x. None above kPrefetchMaxTiles row
-// blocks.
+// 0.83-0.90x, 1 row level; through MiniLM's 6 layers (42 MB) at 16 rows 0.86x. Above kPrefetchMaxTiles row blocks
+// (when none prefetched), against the same kernel without prefetch, BERT-base's 12 layers: 128 rows 0.94x
+// [0.91, 0.98], 64 rows 0.88x [0.87, 0.92], 32 rows 0.79x [0.76, 0.81] (median [20 %, 80 %] of 15 paired rounds).
 // Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so
 // y = x W^T + bias + y_old leaves the registers once; with an activation (the MLP's first projection) each row
 // block's GELU runs on its just-stored MR x NW tile while it is still in L1 (fast_math.h's fm_gelu_erf / tanh, the
@@ -77,8 +79,9 @@ struct Prefetch {
 // Read prefetch into L2 (prefetcht1 on x86; every ISA branch compiles it).
 inline void prefetch_l2(const float* p) { __builtin_prefetch(p, 0, 2); }
 
-// Row blocks up to which a GEMM prefetches (24 rows on AVX2): beyond them the FMAs dominate the weight stream and
-// each block's share of the next panel is a few lines requested again and again (127 rows measured 1.2x slower).
+// Row blocks that prefetch the next panel (the first 24 rows on AVX2): spreading the panel over every row block of a
+// tall x gives each a few lines requested again and again (all 22 blocks of 127 rows measured 1.2x slower); 8
+// blocks instead of 4 measured level at 64 and 128 rows.
 constexpr int64_t kPrefetchMaxTiles = 4;
 // k steps per batch of prefetch requests: one request per line and one branch per block, not per k step (a request
 // per step slowed MiniLM's K = 384 GEMMs by 5-30 %).
@@ -185,7 +188,8 @@ void gemm_pack(const float* w, int64_t n, int64_t k, float* out) {
 
 void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* wp, int64_t n, const float* bias,
                  float* y, int64_t ldy, bool accumulate, int num_threads, GemmActivation act) {
-  const int64_t panels = (n + NW - 1) / NW, tiles = (m + MR - 1) / MR, panel_len = k * NW;
+  const int64_t panels = (n + NW - 1) / NW, panel_len = k * NW;
+  const int64_t mp = std::min<int64_t>(m, kPrefetchMaxTiles * MR);  // rows of the row blocks that prefetch
   const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && panels > 1
                      ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -200,8 +204,8 @@ void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float*
       for (int64_t i0 = 0, ti = 0; i0 < m; i0 += MR, ++ti) {
         const int64_t rows = std::min<int64_t>(MR, m - i0);
         Prefetch pf;
-        if (p + 1 < p1 && tiles <= kPrefetchMaxTiles) {  // this tile's share of the next panel, in proportion to its rows
-          const int64_t step = (NW * rows + m - 1) / m, start = i0 * k * NW / m;
+        if (p + 1 < p1 && ti < kPrefetchMaxTiles) {  // this tile's share of the next panel, in proportion to its rows
+          const int64_t step = (NW * rows + mp - 1) / mp, start = i0 * k * NW / mp;
           if (start < panel_len) pf = Prefetch{panel + panel_len + start, step, std::min(panel_len - start, k * step)};
         }
         float* yt = y + i0 * ldy + c0;

@@ -9,9 +9,12 @@ prepack.FEW_ROWS rows, fastenc's few-row GEMM on its own panels (`panels`, `pane
 rule prepack.use_panels). Reports medians, the paired ratios plain/packed (median over rounds; > 1: packing wins)
 and best-of(plain, packed)/panels (> 1: the panels win) with their 20-80% spread, GFLOP/s, and the max relative
 difference packed vs plain. With --threads 1 the samples are the calling thread's CPU time (time.thread_time: little
-moved by other load on the machine), else wall time.
+moved by other load on the machine), else wall time. With --layers L each case has L distinct weights and the calls
+of a sample cycle through them, so a weight comes from memory as in a forward over L layers (BERT-base's 12 layers
+hold 340 MB) rather than from the cache as one weight called again and again does (L = 1, the default).
 
   python -m fastenc.benchmark.gemm_pack [--out DIR] [--threads 2] [--tokens 1,16,128] [--rounds 9] [--shapes minilm,bert out]
+      [--layers 12]
 """
 from __future__ import annotations
 
@@ -32,30 +35,36 @@ SHAPES = (("bert qkv", 768, 2304), ("bert out", 768, 768), ("bert fc1", 768, 307
 TOKENS = (1, 4, 8, 16, 32, 128, 512, 2048)
 
 
-def measure(k: int, n: int, m: int, rounds: int, seed: int = 0) -> dict:
-    """One (M, K, N) case: medians (ms), paired ratios with their 20/80% quantiles, GFLOP/s, max rel diff."""
+def measure(k: int, n: int, m: int, rounds: int, seed: int = 0, layers: int = 1) -> dict:
+    """One (M, K, N) case: medians (ms), paired ratios with their 20/80% quantiles, GFLOP/s, max rel diff.
+    layers: distinct weights the calls of a sample cycle through (module docstring)."""
+    if layers < 1:
+        raise ValueError(f"gemm_pack: layers must be >= 1, got {layers}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g)
-    w = torch.randn(n, k, generator=g) / k ** 0.5
-    b = torch.randn(n, generator=g)
-    packed = prepack.PackCache().get(w)[0]
+    ws = [torch.randn(n, k, generator=g) / k ** 0.5 for _ in range(layers)]
+    w, b = ws[0], torch.randn(n, generator=g)
+    packs = [prepack.PackCache().get(w_)[0] for w_ in ws]
     out = torch.empty(m, n)
     acc = torch.randn(m, n, generator=g)
     ref = torch.addmm(b, x, w.t())
-    got = prepack.linear(x, packed, b)
+    got = prepack.linear(x, packs[0], b)
     rel = float((got - ref).abs().max() / ref.abs().max())
-    fns = {"plain": lambda: torch.addmm(b, x, w.t(), out=out), "packed": lambda: prepack.linear(x, packed, b),
-           "plain-acc": lambda: acc.addmm_(x, w.t()), "packed-acc": lambda: torch.ops.mkldnn._linear_pointwise.binary(x, acc, packed, None, "add")}
+    fns = {"plain": lambda i: torch.addmm(b, x, ws[i].t(), out=out),
+           "packed": lambda i: prepack.linear(x, packs[i], b),
+           "plain-acc": lambda i: acc.addmm_(x, ws[i].t()),
+           "packed-acc": lambda i: torch.ops.mkldnn._linear_pointwise.binary(x, acc, packs[i], None, "add")}
     if m <= prepack.FEW_ROWS:
-        panels = prepack.PackCache(panels=True).get(w)[0]
-        fns["panels"] = lambda: prepack.few_rows(x, panels, n, b, out)
-        fns["panels-acc"] = lambda: prepack.few_rows(x, panels, n, None, acc, accumulate=True)
+        panels = [prepack.PackCache(panels=True).get(w_)[0] for w_ in ws]
+        fns["panels"] = lambda i: prepack.few_rows(x, panels[i], n, b, out)
+        fns["panels-acc"] = lambda i: prepack.few_rows(x, panels[i], n, None, acc, accumulate=True)
     reps = max(1, min(50, int(2e8 / (2 * m * k * n))))  # calls per sample: ~0.2 GFLOP a sample, a few ms
+    reps = -(-reps // layers) * layers  # a whole number of passes over the weights
 
     def batched(fn):
         def run():
-            for _ in range(reps):
-                fn()
+            for i in range(reps):
+                fn(i % layers)
         return run
 
     if torch.get_num_threads() == 1:
@@ -64,7 +73,7 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0) -> dict:
         samples = timing.interleaved({name: batched(fn) for name, fn in fns.items()}, "cpu", warmup=1,
                                      repeats=rounds)
     samples = {name: [t / reps for t in s] for name, s in samples.items()}
-    row = {"M": m, "K": k, "N": n, "calls_per_sample": reps, "max_rel_diff": rel}
+    row = {"M": m, "K": k, "N": n, "layers": layers, "calls_per_sample": reps, "max_rel_diff": rel}
     for name, s in samples.items():
         med = statistics.median(s)
         row[f"{name}_ms"] = med
@@ -101,6 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--shapes", default=None, help="comma-separated substrings of shape names to keep (default: all)")
+    p.add_argument("--layers", type=int, default=1,
+                   help="distinct weights per case the calls cycle through (12: BERT-base's forward; default 1)")
     a = p.parse_args(argv)
     keep = [k.strip() for k in a.shapes.split(",")] if a.shapes else None
     if a.threads:
@@ -112,19 +123,20 @@ def main(argv=None) -> int:
             if keep is not None and not any(k_ in name for k_ in keep):
                 continue
             for m in (int(t) for t in a.tokens.split(",")):
-                r = {"shape": name, **measure(k, n, m, a.rounds)}
+                r = {"shape": name, **measure(k, n, m, a.rounds, layers=a.layers)}
                 rows.append(r)
                 print(f"{name:16s} M={m:5d} K={k:5d} N={n:5d}  plain {r['plain_gflops']:6.1f} GF/s  packed "
                       f"{r['packed_gflops']:6.1f} GF/s  plain/packed {r['plain/packed']:.2f} "
                       f"[{r['plain/packed q20-q80'][0]:.2f}, {r['plain/packed q20-q80'][1]:.2f}]  acc "
                       f"{r['plain-acc/packed-acc']:.2f}  rel diff {r['max_rel_diff']:.1e}"
-                      + (f"  best/panels {r['best/panels']:.2f} [{r['best/panels q20-q80'][0]:.2f}, "
-                         f"{r['best/panels q20-q80'][1]:.2f}]" if "best/panels" in r else ""), flush=True)
+                      + (f"  panels {r['panels_gflops']:6.1f} GF/s  best/panels {r['best/panels']:.2f} "
+                         f"[{r['best/panels q20-q80'][0]:.2f}, {r['best/panels q20-q80'][1]:.2f}]"
+                         if "best/panels" in r else ""), flush=True)
     if a.out:
         meta = report.metadata("cpu", torch.float32, False)
         meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS,
                     min_tokens_small=prepack.MIN_TOKENS_SMALL, large_weight=prepack.LARGE_WEIGHT,
-                    few_rows=prepack.FEW_ROWS, rounds=a.rounds,
+                    few_rows=prepack.FEW_ROWS, rounds=a.rounds, layers=a.layers,
                     elapsed_s=time.perf_counter() - t0, load_after=_load())
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -198,12 +198,13 @@ def test_few_row_gemm_bad_input_is_named():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m", [1, 5, 7, 16, 24, 25, 127])
+@pytest.mark.parametrize("m", [1, 5, 7, 16, 24, 25, 61, 127, 128])
 @pytest.mark.parametrize("k,n", [(67, 151), (1031, 4005)], ids=["67x151", "1031x4005"])
 def test_few_row_gemm_thread_ranges_and_prefetch(k, n, m, threads):
     # Every panel written once whatever the split of panels over the team (1031 x 4005 is past the parallel
-    # threshold from 1 row) and whatever the row blocks' prefetch of the next panel (up to 4 row blocks, then none):
-    # odd k, a partial last panel, 1-4 and more row blocks, into a poisoned strided output, with bias and residual.
+    # threshold from 1 row) and whatever the row blocks' prefetch of the next panel (the first 4 row blocks, the
+    # whole next panel over 1-4 of them): odd k, a partial last panel, 1-4 and more row blocks (a partial last one
+    # at 25, 61 and 127 rows), into a poisoned strided output, with bias and residual.
     ext = extension.load()
     w, bias = testing.randn(n, k), testing.randn(n)
     x, acc = testing.randn(m, k), testing.randn(m, n)
