@@ -4,7 +4,7 @@ every batch costs about the same whatever the lengths; the window's input order 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -17,15 +17,20 @@ class Batch:
     tokens: int            # real tokens in the batch
 
 
-def token_budget_batches(seqs: Sequence[Sequence[int]], max_batch_tokens: int, max_batch_size: int) -> list[Batch]:
-    """Cut `seqs` (token-id lists) into batches of at most `max_batch_tokens` padded tokens and `max_batch_size`
-    rows; a sequence longer than the budget gets a batch of its own."""
+def token_budget_batches(seqs: Sequence[Sequence[int]], max_batch_tokens: int, max_batch_size: int) -> Iterator[Batch]:
+    """Cut `seqs` (token-id sequences: lists or 1-d integer arrays) into batches of at most `max_batch_tokens` padded
+    tokens and `max_batch_size` rows; a sequence longer than the budget gets a batch of its own. The arguments are
+    checked at the call; the batches' tensors are built one at a time as the result is iterated, so a window holds
+    one batch's padded ids at a time, whatever its length."""
     if not isinstance(max_batch_tokens, int) or isinstance(max_batch_tokens, bool) or max_batch_tokens < 1:
         raise ValueError(f"embed: max_batch_tokens must be a positive int, got {max_batch_tokens!r}")
     if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
         raise ValueError(f"embed: max_batch_size must be a positive int, got {max_batch_size!r}")
+    return _batches(seqs, max_batch_tokens, max_batch_size)
+
+
+def _batches(seqs: Sequence[Sequence[int]], max_batch_tokens: int, max_batch_size: int) -> Iterator[Batch]:
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
-    batches: list[Batch] = []
     start = 0
     while start < len(order):
         width = max(1, len(seqs[order[start]]))  # the longest of the batch: sorted, so the first
@@ -36,10 +41,9 @@ def token_budget_batches(seqs: Sequence[Sequence[int]], max_batch_tokens: int, m
         tokens = 0
         for r, i in enumerate(rows):
             s = seqs[i]
-            if s:
+            if len(s):
                 ids[r, :len(s)] = torch.as_tensor(s, dtype=torch.long)
                 mask[r, :len(s)] = True
             tokens += len(s)
-        batches.append(Batch(rows, ids, mask, tokens))
+        yield Batch(rows, ids, mask, tokens)
         start += n
-    return batches

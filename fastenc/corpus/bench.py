@@ -63,10 +63,36 @@ def _peak_rss_mib(corpus: Path, out: Path) -> dict[str, float]:
     return {"model_loaded": loaded, "peak": peak}
 
 
+MEMORY_SEED = 0  # the same-distribution corpora's fixed pseudo-random order
+
+
+def _memory_rows(tmp: Path, sizes) -> dict:
+    """The job's peak memory (_peak_rss_mib) at each corpus size, for two kinds of corpora made from the first
+    max(sizes) docstring passages: 'same distribution' (those passages in a fixed pseudo-random order, each size its
+    first `size`: every size samples the same mix of lengths, so a difference between sizes is growth with the
+    number of texts) and 'first N' (the first `size` passages in file order, as before: the later files hold longer
+    passages, so a bigger size also means longer texts)."""
+    from fastenc.corpus.docstrings import docstring_passages, shuffled, write_texts
+
+    pool = list(docstring_passages(max(sizes)))
+    rows: dict = {"memory_corpora": {
+        "same_distribution": f"the first {len(pool)} docstring passages, docstrings.shuffled(seed={MEMORY_SEED}); "
+                             "each size takes the first `size` of them",
+        "first_n": "the first `size` docstring passages in file order"}}
+    for kind, texts in (("same_distribution", shuffled(pool, MEMORY_SEED)), ("first_n", pool)):
+        mem = {}
+        for size in sizes:
+            src = tmp / f"{kind}{size}.txt"
+            got = write_texts(src, texts[:size])
+            mem[str(got)] = _peak_rss_mib(src, tmp / f"o{size}.npy")
+        rows[f"peak_rss_mib_{kind}"] = mem
+    return rows
+
+
 def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 2, memory_sizes=(10000, 40000),
                 ray_actors=(1, 2), providers=None, note: str | None = None) -> dict:
     from fastenc.benchmark import report
-    from fastenc.corpus.docstrings import docstring_passages, write_corpus
+    from fastenc.corpus.docstrings import docstring_passages
     from fastenc.corpus.job import default_model_path
 
     folder = default_model_path()
@@ -78,12 +104,7 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if memory_sizes:
-            mem = {}
-            for size in memory_sizes:
-                src = tmp / f"c{size}.txt"
-                got = write_corpus(src, size)
-                mem[str(got)] = _peak_rss_mib(src, tmp / f"o{size}.npy")
-            payload["peak_rss_mib"] = mem
+            payload.update(_memory_rows(tmp, memory_sizes))
         if ray_actors:
             payload["ray"] = _ray_rows(tmp, texts, ray_actors)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,8 +112,10 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     print(report.table(rows, [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
                               ("fastenc_speedup", "fastenc x"), ("paired_speedup_median", "paired x"),
                               ("cos_min_vs_fastenc", "min cos")]))
-    if "peak_rss_mib" in payload:
-        print("RSS of the job alone (MiB) by corpus size, model loaded / peak:", json.dumps(payload["peak_rss_mib"]))
+    for key in ("peak_rss_mib_same_distribution", "peak_rss_mib_first_n"):
+        if key in payload:
+            print(f"RSS of the job alone (MiB) by corpus size, model loaded / peak ({key[13:].replace('_', ' ')}):",
+                  json.dumps(payload[key]))
     for r in payload.get("ray", []):
         print(f"{r['engine']}: {r['texts_per_s']:.0f} texts/s ({r['vs_local']:.2f} of the in-process job)")
     return {"payload": payload, "files": files}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import random
 import sys
 import sysconfig
 import warnings
@@ -60,15 +61,30 @@ def docstring_passages(limit: int | None = 20000, min_chars: int = 20, max_chars
                     return
 
 
-def write_corpus(path: str | Path, limit: int | None = 20000) -> int:
-    """Write the passages to `path` (.txt one per line, or .jsonl with {"id", "text"}); returns the count."""
+def shuffled(texts, seed: int = 0) -> list[str]:
+    """`texts` (e.g. docstring_passages(40000)) in a fixed pseudo-random order (`seed`). The file order is not one
+    distribution: the later files (site-packages) hold longer passages than the standard library's first ones, so
+    the first 10,000 and the first 40,000 passages differ in content, not only in number. Every prefix of the
+    shuffled list samples the same mix: its first quarter and the whole differ in number only."""
+    out = list(texts)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def write_texts(path: str | Path, texts) -> int:
+    """Write `texts` to `path` (.txt one per line, or .jsonl with {"id": "doc-<i>", "text"}); returns the count."""
     path = Path(path)
     n = 0
     with open(path, "w", encoding="utf-8") as fh:
-        for i, text in enumerate(docstring_passages(limit)):
+        for i, text in enumerate(texts):
             fh.write(json.dumps({"id": f"doc-{i}", "text": text}) + "\n" if path.suffix == ".jsonl" else text + "\n")
             n += 1
     return n
+
+
+def write_corpus(path: str | Path, limit: int | None = 20000) -> int:
+    """Write the first `limit` passages (file order) to `path` (see write_texts); returns the count."""
+    return write_texts(path, docstring_passages(limit))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -113,15 +113,27 @@ def resolve_options(model, opts: Options) -> tuple[str, bool, int]:
     return pooling, normalize, min(int(limit), int(model.config.max_position_embeddings))
 
 
-def tokenize(model, texts: list[str], max_length: int) -> tuple[list[list[int]], list[bool]]:
-    """Token ids (special tokens kept, cut at max_length as transformers does) and which texts were cut."""
+TOKENIZE_CHUNK = 256  # texts per call of the tokenizer
+
+
+def tokenize(model, texts: list[str], max_length: int) -> tuple[list[np.ndarray], list[bool]]:
+    """Token ids (int32 arrays, special tokens kept, cut at max_length as transformers does) and which texts were
+    cut. The tokenizer's encodings hold every token of a text, the cut-off part included (as `overflowing`), with
+    their strings and offsets: they are made TOKENIZE_CHUNK texts at a time and only the kept ids stay (4 bytes a
+    token), so tokenizing a window costs memory in proportion to its kept tokens, not to its texts' full length."""
     tok = model.tokenizer
     tok.enable_truncation(int(max_length))
-    enc = tok.encode_batch(texts)
-    return [e.ids for e in enc], [bool(e.overflowing) for e in enc]
+    ids: list[np.ndarray] = []
+    cut: list[bool] = []
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        enc = tok.encode_batch(texts[start:start + TOKENIZE_CHUNK])
+        ids.extend(np.array(e.ids, dtype=np.int32) for e in enc)
+        cut.extend(bool(e.overflowing) for e in enc)
+        del enc
+    return ids, cut
 
 
-def embed_ids(model, seqs: list[list[int]], pooling: str, normalize: bool, max_batch_tokens: int,
+def embed_ids(model, seqs: Sequence[Sequence[int]], pooling: str, normalize: bool, max_batch_tokens: int,
               max_batch_size: int, on_batch=None) -> np.ndarray:
     """(len(seqs), hidden) float32 embeddings in the order of `seqs`, run in token-budget batches."""
     device = next(model.parameters()).device
@@ -236,6 +248,7 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
         ids.extend(r.id for r, k in zip(w.records, w.keep) if k)
         parts.append(w.emb[w.keep])
         summary.add(w.stats())
+        del w
     if bar is not None:
         bar.close()
     summary.seconds = time.perf_counter() - t0
@@ -309,6 +322,7 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
                 manifest["shards"].append(entry)
                 writers.save_manifest(wd, manifest)
                 summary.add(entry)
+                del w, entry  # not held while the next window is read and embedded
     except BadRowError:
         if bar is not None:
             bar.close()

@@ -22,8 +22,10 @@ def test_bench_embed_memory_only(tmp_path):
     res = bench_embed(tmp_path, n=8, rounds=0, memory_sizes=(30,), ray_actors=())
     pay = res["payload"]
     assert pay["rows"] == [] and pay["rounds"] == 0
-    (size, mem), = pay["peak_rss_mib"].items()
-    assert int(size) == 30 and 0 < mem["model_loaded"] <= mem["peak"]
+    for kind in ("same_distribution", "first_n"):
+        (size, mem), = pay[f"peak_rss_mib_{kind}"].items()
+        assert int(size) == 30 and 0 < mem["model_loaded"] <= mem["peak"]
+    assert set(pay["memory_corpora"]) == {"same_distribution", "first_n"}
 
 
 def test_bench_cli_int_lists():
@@ -36,3 +38,12 @@ def test_bench_cli_int_lists():
         _ints("a,b", ())
     with pytest.raises(SystemExit, match="non-negative"):
         _ints("-1", ())
+
+
+def test_same_distribution_order_is_a_fixed_permutation():
+    from fastenc.corpus.docstrings import shuffled
+
+    texts = [f"passage {i}" for i in range(500)]
+    a, b = shuffled(texts, 0), shuffled(iter(texts), 0)
+    assert a == b and sorted(a) == sorted(texts) and a != texts  # fixed for a seed, nothing lost or repeated
+    assert shuffled(texts, 1) != a and texts == [f"passage {i}" for i in range(500)]  # input left as it was

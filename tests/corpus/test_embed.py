@@ -32,7 +32,7 @@ def test_in_memory_matches_encode(minilm, texts):
 def test_token_budget_batches_cover_every_row_within_budget():
     g = torch.Generator().manual_seed(3)
     seqs = [[1] * int(n) for n in torch.randint(0, 300, (101,), generator=g)]
-    batches = token_budget_batches(seqs, max_batch_tokens=1000, max_batch_size=9)
+    batches = list(token_budget_batches(seqs, max_batch_tokens=1000, max_batch_size=9))
     rows = sorted(r for b in batches for r in b.rows)
     assert rows == list(range(101))
     for b in batches:
