@@ -37,6 +37,7 @@ def test_packed_matches_plain(m, k, n):
         y = lin(x)
         assert _packed_parts(lin) == 1, "the packed path must have run"
         testing.assert_close(y, _ref(x, lin))
+        assert y.shape == (m, n) and y.is_contiguous()  # the first m rows of a GEMM run on packed_rows(m) rows
         testing.assert_close(lin(x, with_bias=False), _ref(x, lin, bias=False))
         testing.assert_close(lin.accumulate_(x, acc.clone()), acc.double() + _ref(x, lin, bias=False))
         testing.assert_close(lin(x.t().contiguous().t()), _ref(x, lin))  # a column-major x
@@ -44,6 +45,18 @@ def test_packed_matches_plain(m, k, n):
         assert _packed_parts(lin) == 3
         testing.assert_close(torch.cat(parts, 1), _ref(x, lin))
         assert all(p.is_contiguous() and p.shape == (m, n // 3) for p in parts)
+
+
+def test_packed_rows_are_few_and_waste_under_a_sixteenth():
+    """The packed GEMM's row counts: never fewer rows than x, under 1/16 extra, exact below 32 and at powers of two,
+    and 16 values per octave, so the row counts oneDNN keeps state for stay few however many sizes a job sees."""
+    seen = set()
+    for m in range(1, 20000):
+        mp = prepack.packed_rows(m)
+        assert m <= mp and (mp - m) * 16 < mp, (m, mp)
+        seen.add(mp)
+    assert all(prepack.packed_rows(m) == m for m in list(range(1, 33)) + [2 ** j for j in range(5, 15)])
+    assert len([mp for mp in seen if 2 ** 10 <= mp < 2 ** 11]) == 16 and len(seen) < 32 + 16 * 10
 
 
 def test_rule():
