@@ -347,6 +347,34 @@ std::tuple<Tensor, Tensor> gelu_bwd(const Tensor& grad, const Tensor& x, const O
   return {dx.to(x.scalar_type()), sum ? db.to(x.scalar_type()) : db};
 }
 
+// ---------------------------------------------------------------- dropout (cpu), fp32
+// x (rows, n) fp32, bias (n,) fp32 or None -> (x + bias) * Z / (1 - p); grad (rows, n) -> grad * Z / (1 - p).
+Tensor dropout(const Tensor& x, const OptTensor& bias, double p, int64_t seed, int64_t offset) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "dropout: x must be (rows, n) float32, got ",
+              x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK(!bias || (bias->numel() == x.size(1) && bias->scalar_type() == at::kFloat),
+              "dropout: bias must be float32 with ", x.size(1), " elements");
+  TORCH_CHECK(p > 0 && p < 1, "dropout: dropout_p must be in (0, 1), got ", p);
+  Tensor xc = x.contiguous();
+  OptTensor bc = bias ? OptTensor(bias->contiguous()) : std::nullopt;
+  Tensor out = cpu_empty_like(xc);
+  fastenc_cpu::dropout_fwd(xc.data_ptr<float>(), fptr(bc), out.data_ptr<float>(), x.size(0), x.size(1), p, seed,
+                           offset);
+  return out;
+}
+
+Tensor dropout_bwd(const Tensor& grad, double p, int64_t seed, int64_t offset) {
+  check_cpu(grad, "grad");
+  TORCH_CHECK(grad.dim() == 2 && grad.scalar_type() == at::kFloat, "dropout backward: grad must be (rows, n) "
+              "float32, got ", grad.scalar_type(), " ", grad.sizes());
+  TORCH_CHECK(p > 0 && p < 1, "dropout backward: dropout_p must be in (0, 1), got ", p);
+  Tensor gc = grad.contiguous();
+  Tensor dx = cpu_empty_like(gc);
+  fastenc_cpu::dropout_bwd(gc.data_ptr<float>(), dx.data_ptr<float>(), grad.size(0), grad.size(1), p, seed, offset);
+  return dx;
+}
+
 // grad (rows, n), x (rows, 2n) -> dx (rows, 2n): [d input | d gate].
 Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approximate) {
   check_cpu(x, "x");
@@ -663,6 +691,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_bwd", &rope_bwd, "rope backward: the inverse rotation of the output gradients");
   m.def("gelu_bwd", &gelu_bwd, "gelu backward: (dx, dbias)");
   m.def("geglu_bwd", &geglu_bwd, "geglu backward: dx = [d input | d gate]");
+  m.def("dropout", &dropout, "(x + bias) * keep / (1 - p), counter-based keep-mask, fp32");
+  m.def("dropout_bwd", &dropout_bwd, "dropout backward: grad * keep / (1 - p)");
   // attention (cpu) defs
   m.def("attention", &attention, "varlen bidirectional attention (online softmax, window, dropout), fp32 math -> (out, lse)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("window_left"),

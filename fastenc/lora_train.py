@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc import ops
+from fastenc.layers.dropout import dropout
 from fastenc.layers.linear import Linear
 
 _PART_KEYS = ("q", "k", "v")  # the thirds of a fused Wqkv; "w" = the whole output
@@ -120,7 +121,7 @@ class LoraLinear(Linear):
             # One dropout mask per part, in row order (PEFT's query and value adapters are separate layers with
             # their own dropout), each part's rows of A reading its own dropped x.
             ranks = [ad.lora_A[key].shape[0] for key, *_ in ad.parts]
-            hs = [F.linear(F.dropout(x, ad.dropout, True), aj) for aj in a.split(ranks)]
+            hs = [F.linear(dropout(x, ad.dropout), aj) for aj in a.split(ranks)]
             h = hs[0] if len(hs) == 1 else torch.cat(hs, -1)
             if out.dim() != 2:
                 return out + F.linear(h, b)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.layers.dropout import dropout
 from fastenc.layers.inference import Plan
 from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
@@ -64,7 +65,7 @@ class BertEmbeddings(nn.Module):
         else:
             x = x + F.embedding(types, self.token_type.weight)
         x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
-        return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
+        return dropout(x, self.dropout) if self.training and self.dropout > 0 else x
 
     def planned(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None, layers,
                 cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, Plan | None]:
@@ -182,9 +183,11 @@ def _planned_block(layer: BertLayer, x: torch.Tensor, plan: Plan) -> torch.Tenso
 
 
 def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:
-    """norm(dropout(linear(y)) + residual): the linear's bias fused into the norm when there is no dropout."""
+    """norm(dropout(linear(y)) + residual): the linear's bias fused into the dropout, or into the norm when there is
+    no dropout."""
     if p > 0:
-        return norm(F.dropout(linear(y), p, training=True), residual=residual, return_residual=False)
+        return norm(dropout(linear(y, with_bias=False), p, linear.output_bias()), residual=residual,
+                    return_residual=False)
     return norm(linear(y, with_bias=False), residual=residual, input_bias=linear.output_bias(),
                 return_residual=False)
 

@@ -8,5 +8,6 @@ from fastenc.ops.attention import attention
 from fastenc.ops.attention_qkv import attention_qkv
 from fastenc.ops.merge_lora import merge_lora
 from fastenc.ops.lora_linear import lora_linear
+from fastenc.ops.dropout import dropout
 
-__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "rope", "rope_cache", "attention", "attention_qkv", "merge_lora", "lora_linear"]
+__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "rope", "rope_cache", "attention", "attention_qkv", "merge_lora", "lora_linear", "dropout"]

@@ -6,8 +6,9 @@ from fastenc.reference.geglu import geglu_bwd_ref, geglu_ref
 from fastenc.reference.rope import rope_bwd_ref, rope_cache, rope_ref
 from fastenc.reference.attention import attention_ref, attention_varlen_ref
 from fastenc.reference.merge_lora import merge_lora_ref
+from fastenc.reference.dropout import dropout_bwd_ref, dropout_ref
 from fastenc.reference.lora_linear import lora_linear_bwd_ref, lora_linear_ref
 
 __all__ = ["layer_norm_ref", "rms_norm_ref", "gelu_ref", "gelu_bwd_ref", "geglu_ref", "geglu_bwd_ref", "rope_cache",
            "rope_ref", "rope_bwd_ref", "attention_ref", "attention_varlen_ref", "merge_lora_ref", "lora_linear_ref",
-           "norm_bwd_ref", "norm_stats_ref", "lora_linear_bwd_ref"]
+           "norm_bwd_ref", "norm_stats_ref", "lora_linear_bwd_ref", "dropout_ref", "dropout_bwd_ref"]

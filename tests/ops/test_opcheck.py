@@ -75,6 +75,9 @@ def _samples() -> dict[str, list[dict]]:
                  window_left=2, window_right=1, scale=32 ** -0.5, dropout_p=0.2, seed=5, offset=7, need_dq=False,
                  need_dkdv=True),
         ],
+        "dropout": [dict(x=r(5, 384), bias=r(384), dropout_p=0.1, seed=3, offset=9),
+                    dict(x=r(3, 1000), bias=None, dropout_p=0.5, seed=-4, offset=0)],
+        "dropout_bwd": [dict(grad=r(5, 384), dropout_p=0.1, seed=3, offset=9)],
         "merge_lora": [dict(weight=r(48, 40), lora_a=r(8, 40), lora_b=r(48, 8), scale=2.0)],
         "lora_linear": [
             dict(x=r(5, 40), weight=r(48, 40), bias=r(48), lora_a=r(8, 40), lora_b=r(48, 8), scale=0.5),
