@@ -157,3 +157,16 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return lo, hi
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+INT64_MAX = 2 ** 63 - 1
+
+
+def draw_seed_offset(generator: torch.Generator | None) -> tuple[int, int]:
+    """(seed, offset) of a dropout keep-mask: two int64 from `generator`, by default torch's default CPU generator
+    whatever the device of the tensors (torch.manual_seed seeds it, so a run is reproducible). Drawing them on a GPU
+    generator would read two numbers back to the host, a device synchronization at every call (every layer of every
+    training step); a GPU generator given explicitly is still honoured, at that cost."""
+    dev = generator.device if generator is not None else torch.device("cpu")
+    seed, offset = torch.randint(0, INT64_MAX, (2,), generator=generator, device=dev, dtype=torch.int64).tolist()
+    return seed, offset

@@ -30,7 +30,8 @@ import torch
 from fastenc import registry
 from fastenc.registry import _dt
 from fastenc.ops import _backends
-from fastenc.ops._common import check_cu_seqlens, check_float, needs_grad
+from fastenc.ops._common import (INT64_MAX as _INT64_MAX, check_cu_seqlens, check_float, draw_seed_offset,
+                                 needs_grad)
 from fastenc.ops._attention_bwd import (  # also registers attention_bwd
     _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, setup_context)
 from fastenc.ops._library import custom_op
@@ -85,7 +86,6 @@ _backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16), che
                                                "FlashAttention-2 on tensor cores (sm_80+)")
 
 
-_INT64_MAX = 2 ** 63 - 1
 
 
 def _dropout_p(dropout_p) -> float:
@@ -97,14 +97,6 @@ def _dropout_p(dropout_p) -> float:
 def _check_generator(generator) -> None:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"{OP}: generator must be a torch.Generator or None, got {type(generator).__name__}")
-
-
-def _seed_offset(generator, device: torch.device) -> tuple[int, int]:
-    """(seed, offset): two int64 from `generator` (default: torch's default generator of q's device), so
-    torch.manual_seed makes a run reproducible. On a GPU this reads two numbers back (one synchronization)."""
-    dev = generator.device if generator is not None else device
-    seed, offset = torch.randint(0, _INT64_MAX, (2,), generator=generator, device=dev, dtype=torch.int64).tolist()
-    return seed, offset
 
 
 def _window(window) -> tuple[int, int]:
@@ -154,8 +146,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     dropout_p: attention-probability dropout (training): each normalized probability is zeroed with probability
              dropout_p and the kept ones scaled by 1/(1 - dropout_p), as transformers' eager / sdpa attention in
              training mode. 0 <= dropout_p < 1. The keep-mask is a pure function of (seed, offset) drawn from
-             `generator` (default: torch's default generator for q's device) and of each element's position
-             (fastenc/reference/attention_dropout.py); the backward regenerates it. 0: no dropout, nothing drawn.
+             `generator` (default: torch's default CPU generator whatever q's device, so no device
+             synchronization) and of each element's position (fastenc/reference/attention_dropout.py); the
+             backward regenerates it. 0: no dropout, nothing drawn.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, OP, t)
@@ -227,7 +220,7 @@ def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0,
         return q.new_zeros(q.shape)
     impl, wl, wr = select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p)
     if dropout_p > 0:
-        seed, offset = _seed_offset(generator, q.device)
+        seed, offset = draw_seed_offset(generator)
         return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend, dropout_p, seed,
                              offset)[0]
     return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)[0]

@@ -17,10 +17,9 @@ import torch
 
 from fastenc import registry
 from fastenc.ops._attention_bwd import OP_BWD, WRITES_GRAD_QKV, _attention_bwd_op, check_bwd_args
-from fastenc.ops._common import check_cu_seqlens, check_float
+from fastenc.ops._common import check_cu_seqlens, check_float, draw_seed_offset
 from fastenc.ops._library import custom_op
-from fastenc.ops.attention import (OP, _check_generator, _dropout_p, _max_seqlen, _seed_offset, _window,
-                                   select)
+from fastenc.ops.attention import OP, _check_generator, _dropout_p, _max_seqlen, _window, select
 from fastenc.registry import _dt
 
 NAME = "attention_qkv"
@@ -151,6 +150,6 @@ def attention_qkv(qkv: torch.Tensor, heads: int, *, cu_seqlens: torch.Tensor, ma
     impl, wl, wr = select(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p)
     args = (qkv, cu_seqlens, longest, wl, wr, float(scale), heads, impl.backend)
     if p > 0:
-        seed, offset = _seed_offset(generator, qkv.device)
+        seed, offset = draw_seed_offset(generator)
         return _attention_qkv_op(*args, p, seed, offset)[0]
     return _attention_qkv_op(*args)[0]

@@ -14,13 +14,12 @@ import torch
 
 from fastenc import registry
 from fastenc.ops import _backends
-from fastenc.ops._common import as_shape, check_float, check_like, needs_grad, rows_view
+from fastenc.ops._common import as_shape, check_float, check_like, draw_seed_offset, needs_grad, rows_view
 from fastenc.ops._library import custom_op
 from fastenc.reference.dropout import dropout_bwd_ref, dropout_ref
 
 OP = "dropout"
 OP_BWD = "dropout_bwd"
-_INT64_MAX = 2 ** 63 - 1
 
 
 @custom_op("fastenc::dropout", mutates_args=())
@@ -80,8 +79,8 @@ def dropout(x: torch.Tensor, dropout_p: float, bias: torch.Tensor | None = None,
     """Training-mode dropout of x + bias: each element zeroed with probability dropout_p, the kept ones scaled by
     1 / (1 - dropout_p) (as torch.nn.functional.dropout). x: (..., n) fp32/fp16/bf16; bias: (n,) x's dtype or
     None (the bias of the linear that produced x, added here). The keep-mask is a pure function of (seed, offset),
-    two int64 drawn from `generator` (default: torch's default generator of x's device), and of each element's
-    (row, column) in the (rows, n) view. dropout_p = 0: x + bias, nothing drawn. Differentiable in x and bias."""
+    two int64 drawn from `generator` (default: torch's default CPU generator, whatever x's device: no device
+    synchronization), and of each element's (row, column) in the (rows, n) view. dropout_p = 0: x + bias, nothing drawn. Differentiable in x and bias."""
     check_float("x", OP, x)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"{OP}: dropout_p must be a float with 0 <= dropout_p < 1, got {dropout_p!r}")
@@ -100,6 +99,5 @@ def dropout(x: torch.Tensor, dropout_p: float, bias: torch.Tensor | None = None,
     impl = registry.select(OP, {"x": x2, "bias": b}, backend)
     if needs_grad(x, bias):  # an unservable backward fails here, before the forward runs
         registry.select_backward(OP_BWD, {"grad": x2}, impl.backend)
-    dev = generator.device if generator is not None else x.device
-    seed, offset = torch.randint(0, _INT64_MAX, (2,), generator=generator, device=dev, dtype=torch.int64).tolist()
+    seed, offset = draw_seed_offset(generator)
     return as_shape(_dropout_op(x2, b, float(dropout_p), seed, offset, impl.backend), x.shape)

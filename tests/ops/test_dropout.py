@@ -81,6 +81,33 @@ def test_dropout_reproducible_and_fresh(backend):
     torch.testing.assert_close(fastenc.ops.dropout(x, 0.0, backend=backend), x, rtol=0, atol=0)
 
 
+def test_default_seed_comes_from_the_cpu_generator_whatever_the_device(monkeypatch):
+    """With no generator given, (seed, offset) are drawn on torch's default CPU generator (torch.manual_seed makes
+    a run reproducible) and never on a GPU's, which would synchronize the device at every call."""
+    from fastenc.ops import _common
+
+    torch.manual_seed(123)
+    want = tuple(torch.randint(0, 2 ** 63 - 1, (2,), dtype=torch.int64).tolist())
+    devices = []
+    real = torch.randint
+
+    def spy(*args, **kwargs):
+        devices.append(torch.device(kwargs.get("device", "cpu")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randint", spy)
+    torch.manual_seed(123)
+    assert _common.draw_seed_offset(None) == want
+    assert _common.draw_seed_offset(_seeded(4)) == tuple(real(0, 2 ** 63 - 1, (2,), generator=_seeded(4)).tolist())
+    assert devices == [torch.device("cpu")] * 2
+    x = testing.randn(3, 40)
+    torch.manual_seed(9)
+    a = fastenc.ops.dropout(x, 0.3, backend="reference")
+    torch.manual_seed(9)
+    assert torch.equal(fastenc.ops.dropout(x, 0.3, backend="reference"), a)
+    assert devices[2:] == [torch.device("cpu")] * 2
+
+
 @pytest.mark.parametrize("backend", FP32)
 def test_dropout_only_bias_needs_grad(backend):
     dev = testing.device_for(backend)
