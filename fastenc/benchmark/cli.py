@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="models: where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs "
                         "alone, fastenc's ops, other ops, Python/dispatch), under torch.profiler")
     p.add_argument("--workloads", default=None,
-                   help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs)")
+                   help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs); "
+                        "train: of fixed, varlen (default: both; ViT has fixed only)")
     p.add_argument("--rounds", type=int, default=None,
                    help="models: timed batch-1 rounds (default: 5 with --quick, else 20, more up to 5 s); "
                         "embed: timed rounds over the corpus (default 2; quick 1)")
@@ -134,7 +135,7 @@ def _run_suite(args, suite, device, dtype, out):
         return bench_train(quick=args.quick, out=out, models=_split(args.models), modes=_split(args.modes),
                            providers=_split(args.providers), compile_hf=not args.no_compile,
                            plots=not args.no_plots, note=args.note, repeats=args.repeats,
-                           attention_dropout=args.attention_dropout)
+                           attention_dropout=args.attention_dropout, workloads=_split(args.workloads))
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),

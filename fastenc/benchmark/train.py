@@ -162,16 +162,17 @@ def _write(out: Path, meta: dict, providers: list[str], results: list[dict], com
 
 def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
              tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict],
-             attention_dropout: str = "config") -> dict:
-    """One model x mode: rows per provider x workload with throughput, ratios to the baseline, peak memory
-    (the files in `out` rewritten after each workload, with the finished `results` before this case)."""
+             attention_dropout: str = "config", workloads: list[str] | None = None) -> dict:
+    """One model x mode: rows per provider x workload (those in `workloads`, default all) with throughput, ratios
+    to the baseline, peak memory (the files in `out` rewritten after each workload, with the finished `results`
+    before this case)."""
     hf = build_hf(name, quick, attention_dropout)
     p_attn = getattr(hf.config, ATTENTION_DROPOUT[name])
     wanted = [p for p in providers if (mode == "lora") == p.endswith("+peft") or p == "fastenc"]
     models, skipped = build_providers(name, hf, mode, wanted, log)
-    loads = train_workloads(name, hf, quick)
+    loads = {w: v for w, v in train_workloads(name, hf, quick).items() if workloads is None or w in workloads}
     base = BASELINE[mode]
-    errors = _check(models, next(iter(loads.values()))[0], base)
+    errors = _check(models, next(iter(loads.values()))[0], base) if loads else {}
     rows = []
     for w, (inputs, labels, units, desc) in loads.items():
         steps = {p: _stepper(m, own, inputs, labels) for p, (m, own) in models.items()}
@@ -202,10 +203,10 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
 
 def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
                 plots: bool = True, note: str | None = None, repeats: int | None = None,
-                attention_dropout: str = "config") -> dict:
+                attention_dropout: str = "config", workloads: list[str] | None = None) -> dict:
     """Every model x mode; repeats: timed rounds per workload (default 2 with quick, else 3: a BERT-base step
     takes seconds to tens of seconds on a few CPU cores); attention_dropout: "config" (the models' own) or
-    "off" (0 for every provider)."""
+    "off" (0 for every provider); workloads: of "fixed", "varlen" (default both; ViT-B/16 has only fixed)."""
     from tqdm import tqdm
 
     names = models or (["bert-base"] if quick else list(MODELS))
@@ -215,6 +216,9 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     modes = modes or ["full", "lora"]
     if [m for m in modes if m not in BASELINE]:
         raise UsageError(f"--modes: must be among {list(BASELINE)}, got {modes}")
+    bad = sorted(set(workloads or ()) - {"fixed", "varlen"})
+    if bad:
+        raise UsageError(f"--workloads: unknown {bad}; known for train: fixed, varlen")
     if attention_dropout not in ("config", "off"):
         raise UsageError(f"--attention-dropout: must be 'config' or 'off', got {attention_dropout!r}")
     providers = providers or (["fastenc", "hf-sdpa", "hf-sdpa+peft"] + (["hf-compile"] if compile_hf and not quick
@@ -230,7 +234,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR,
                 optimizer="torch.optim.AdamW (foreach default)",
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
-                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout)
+                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout,
+                workloads=workloads or ["fixed", "varlen"])
     t0 = time.perf_counter()
     results: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +244,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
         for mode in modes:
             bar.set_postfix_str(f"{n} {mode}")
             res = run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh, out=out,
-                           meta=meta, results=results, attention_dropout=attention_dropout)
+                           meta=meta, results=results, attention_dropout=attention_dropout, workloads=workloads)
             results.append(res)
             bar.update(1)
     bar.close()

@@ -40,6 +40,18 @@ def test_train_cli_bad_selection(tmp_path, capsys):
     assert "--modes: must be among ['full', 'lora']" in capsys.readouterr().err
     assert cli.main(["bench", "train", "--quick", "--attention-dropout", "0.2", "--out", str(tmp_path)]) == 2
     assert "--attention-dropout: must be 'config' or 'off', got '0.2'" in capsys.readouterr().err
+    assert cli.main(["bench", "train", "--quick", "--workloads", "fixed,latency", "--out", str(tmp_path)]) == 2
+    assert "--workloads: unknown ['latency']; known for train: fixed, varlen" in capsys.readouterr().err
+
+
+def test_train_cli_runs_the_workloads_asked_for(tmp_path):
+    rc = cli.main(["bench", "train", "--quick", "--repeats", "1", "--no-plots", "--modes", "full", "--workloads",
+                   "varlen", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["workloads"] == ["varlen"]
+    assert {(r["mode"], r["workload"]) for r in data["rows"]} == {("full", "varlen")}
+    assert {r["provider"] for r in data["rows"]} == {"fastenc", "hf-sdpa"}
 
 
 def test_attention_dropout_off_builds_every_model_without_it():
