@@ -66,6 +66,7 @@ def cases(quick: bool = False, sweep: bool | None = None) -> list[Case]:
         Case("gelu", "bert-base 8x128 n3072 +bias", "BERT-base", bert, {"n": 3072, "bias": True}),
         Case("gelu", "vit-b16 8x197 n3072 +bias", "ViT-B/16", vit, {"n": 3072, "bias": True}),
         Case("geglu", "modernbert-base 8x128 2x1152", "ModernBERT-base", bert, {"n": 1152}),
+        Case("dropout", "bert-base 8x128 h768 p0.1 +bias", "BERT-base", bert, {"n": HIDDEN, "p": 0.1, "bias": True}),
         Case("rope", "modernbert-base 8x128 h12 d64", "ModernBERT-base", bert, {"heads": HEADS, "d": HEAD_DIM}),
         Case("attention", "bert-base 8x128 h12 d64", "BERT-base", bert, {"heads": HEADS, "d": HEAD_DIM, "window": None}),
         Case("attention", "varlen 16x[16,384] h12 d64", "varlen workload", var, {"heads": HEADS, "d": HEAD_DIM, "window": None}),
@@ -78,7 +79,7 @@ def cases(quick: bool = False, sweep: bool | None = None) -> list[Case]:
     ]
     if quick:
         keep = {("layer_norm", "BERT-base"), ("rms_norm", "BERT-base dims"), ("gelu", "BERT-base"),
-                ("geglu", "ModernBERT-base"), ("rope", "ModernBERT-base"), ("attention", "BERT-base"),
+                ("geglu", "ModernBERT-base"), ("dropout", "BERT-base"), ("rope", "ModernBERT-base"), ("attention", "BERT-base"),
                 ("attention", "varlen workload"), ("merge_lora", "BERT-base + LoRA"), ("lora_linear", "BERT-base + LoRA")}
         seen: set = set()
         quick_cases = []
@@ -133,6 +134,9 @@ def work(case: Case, dtype: torch.dtype) -> tuple[int, int]:
     if case.op == "geglu":
         n = d["n"]
         return 3 * T * n * e, 11 * T * n
+    if case.op == "dropout":  # (x + bias) * keep * scale; the keep-mask's hash (~10 integer ops) not counted
+        n = d["n"]
+        return (2 * T * n + (n if d.get("bias") else 0)) * e, 2 * T * n
     if case.op == "rope":
         hq = d["heads"] * d["d"]
         return 4 * T * hq * e + T * d["d"] * 4, 3 * 2 * T * hq  # q, k in and out (+ fp32 cos/sin rows)
@@ -225,6 +229,11 @@ class Setup:
         return self.canon[name](out) if name in self.canon else out
 
 
+# Ops whose reference torch.compile is not asked to compile, and why.
+NOT_COMPILED = {"dropout": "torch.compile of the reference (its keep-mask's integer hash chain) did not finish "
+                           "compiling in 5 minutes on the CPU"}
+
+
 def _compile(fn: Callable, *args):
     compiled = torch.compile(fn, dynamic=False)
     return lambda: compiled(*args)
@@ -282,6 +291,22 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
             return F.gelu(a) * gate
         others["torch-eager"] = eager
         ref = (reference.geglu_ref, x)
+    elif case.op == "dropout":
+        n, p = d["n"], d["p"]
+        x = _rand(T, n, device=dev, dtype=dtype, gen=g)
+        b = _rand(n, device=dev, dtype=dtype, gen=g) if d["bias"] else None
+        # every fastenc call draws (seed, offset) from a generator seeded alike, so each backend makes the
+        # reference's keep-mask (torch's F.dropout draws its own: the same cost, another mask)
+        mask_seed, mask_offset = torch.randint(0, 2 ** 63 - 1, (2,), generator=torch.Generator().manual_seed(seed),
+                                               dtype=torch.int64).tolist()
+        call = lambda be: (lambda: ops.dropout(x, p, bias=b, backend=be,  # noqa: E731
+                                               generator=torch.Generator().manual_seed(seed)))
+        sel = {"x": x, "bias": b}
+        others["torch-eager"] = (lambda: F.dropout(x + b, p)) if b is not None else (lambda: F.dropout(x, p))
+
+        def dropout_ref(x, p, mask_seed, mask_offset, b, upcast=True):  # the reference computes in fp32 either way
+            return reference.dropout_ref(x, p, mask_seed, mask_offset, b)
+        ref = (dropout_ref, x, p, mask_seed, mask_offset, b)
     elif case.op == "rope":
         hh, hd = d["heads"], d["d"]
         q = _rand(T, hh, hd, device=dev, dtype=dtype, gen=g)
@@ -355,7 +380,9 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
             failed[f"fastenc-{name}"] = f"unavailable: {unavailable}"
             continue
         fx[name] = call(name)
-    if compile_ref and ref is not None:
+    if compile_ref and ref is not None and case.op in NOT_COMPILED:
+        skipped["torch-compile"] = NOT_COMPILED[case.op]
+    elif compile_ref and ref is not None:
         others["torch-compile"] = _compile(*ref)
     elif ref is None:
         skipped["torch-compile"] = "no reference function to compile"

@@ -42,6 +42,23 @@ def test_kernels_cli_one_case(tmp_path):
         assert (tmp_path / "kernels_throughput.png").stat().st_size > 0
 
 
+def test_kernels_dropout_case_makes_the_references_mask(tmp_path):
+    """dropout in `bench kernels`: every fastenc backend draws its (seed, offset) alike, so each output is the
+    reference's mask, held to the tolerance rule; torch's F.dropout (its own mask) is timed beside them."""
+    rc = cli.main(["bench", "kernels", "--quick", "--device", "cpu", "--ops", "dropout", "--no-plots",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads((tmp_path / "kernels.json").read_text())["rows"]
+    timed = {r["provider"]: r for r in rows if "median_ms" in r}
+    assert {"fastenc-reference", "fastenc-cpu", "torch-eager"} <= set(timed), sorted(timed)
+    skipped = {r["provider"]: r["skipped"] for r in rows if "skipped" in r}
+    assert "did not finish compiling" in skipped["torch-compile"]
+    for name in ("fastenc-reference", "fastenc-cpu"):
+        assert timed[name]["within_tolerance"] is True and timed[name]["max_abs_err_vs_ref32"] < 1e-5
+    assert timed["torch-eager"]["max_abs_err_vs_reference"] > 0  # another mask, the same cost class
+    assert all(r["op"] == "dropout" and r["bytes"] > 0 and r["bound"] == "memory" for r in timed.values())
+
+
 def test_attention_flops_model_counts_visible_pairs():
     for L in (5, 17, 130):
         for w in (None, 0, 3, 64):
