@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import fastenc
 from fastenc import registry, reference, testing
 from fastenc.benchmark import timing
+from fastenc.ops._common import draw_seed_offset
 
 HEADS, HEAD_DIM, HIDDEN = 12, 64, 768
 VARLEN_N, VARLEN_MIN, VARLEN_MAX, VARLEN_SEED = 16, 16, 384, 0
@@ -79,8 +80,8 @@ def cases(quick: bool = False, sweep: bool | None = None) -> list[Case]:
     ]
     if quick:
         keep = {("layer_norm", "BERT-base"), ("rms_norm", "BERT-base dims"), ("gelu", "BERT-base"),
-                ("geglu", "ModernBERT-base"), ("dropout", "BERT-base"), ("rope", "ModernBERT-base"), ("attention", "BERT-base"),
-                ("attention", "varlen workload"), ("merge_lora", "BERT-base + LoRA"), ("lora_linear", "BERT-base + LoRA")}
+                ("geglu", "ModernBERT-base"), ("dropout", "BERT-base"), ("rope", "ModernBERT-base"),
+                ("attention", "BERT-base"), ("attention", "varlen workload"), ("merge_lora", "BERT-base + LoRA"), ("lora_linear", "BERT-base + LoRA")}
         seen: set = set()
         quick_cases = []
         for c in out:
@@ -297,8 +298,7 @@ def setup(case: Case, device: str, dtype: torch.dtype, compile_ref: bool = True,
         b = _rand(n, device=dev, dtype=dtype, gen=g) if d["bias"] else None
         # every fastenc call draws (seed, offset) from a generator seeded alike, so each backend makes the
         # reference's keep-mask (torch's F.dropout draws its own: the same cost, another mask)
-        mask_seed, mask_offset = torch.randint(0, 2 ** 63 - 1, (2,), generator=torch.Generator().manual_seed(seed),
-                                               dtype=torch.int64).tolist()
+        mask_seed, mask_offset = draw_seed_offset(torch.Generator().manual_seed(seed))
         call = lambda be: (lambda: ops.dropout(x, p, bias=b, backend=be,  # noqa: E731
                                                generator=torch.Generator().manual_seed(seed)))
         sel = {"x": x, "bias": b}

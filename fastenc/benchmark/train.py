@@ -35,6 +35,7 @@ from fastenc.benchmark.models import image_batch, paired_ratio, text_batch
 MODELS = ("bert-base", "modernbert-base", "vit-b16")
 LORA = {"bert": ["query", "value"], "modernbert": ["Wqkv"], "vit": ["q_proj", "v_proj"]}
 BASELINE = {"full": "hf-sdpa", "lora": "hf-sdpa+peft"}
+WORKLOADS = ("fixed", "varlen")
 LR = 1e-4
 # The config key of the attention-probability dropout, per benchmark model.
 ATTENTION_DROPOUT = {"bert-base": "attention_probs_dropout_prob", "modernbert-base": "attention_dropout",
@@ -216,7 +217,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     modes = modes or ["full", "lora"]
     if [m for m in modes if m not in BASELINE]:
         raise UsageError(f"--modes: must be among {list(BASELINE)}, got {modes}")
-    bad = sorted(set(workloads or ()) - {"fixed", "varlen"})
+    bad = sorted(set(workloads or ()) - set(WORKLOADS))
     if bad:
         raise UsageError(f"--workloads: unknown {bad}; known for train: fixed, varlen")
     if attention_dropout not in ("config", "off"):
@@ -235,7 +236,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
                 optimizer="torch.optim.AdamW (foreach default)",
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
                 lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout,
-                workloads=workloads or ["fixed", "varlen"])
+                workloads=workloads or list(WORKLOADS))
     t0 = time.perf_counter()
     results: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)

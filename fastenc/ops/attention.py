@@ -86,8 +86,6 @@ _backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16), che
                                                "FlashAttention-2 on tensor cores (sm_80+)")
 
 
-
-
 def _dropout_p(dropout_p) -> float:
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"{OP}: dropout_p must be a float with 0 <= dropout_p < 1, got {dropout_p!r}")

@@ -80,7 +80,8 @@ def dropout(x: torch.Tensor, dropout_p: float, bias: torch.Tensor | None = None,
     1 / (1 - dropout_p) (as torch.nn.functional.dropout). x: (..., n) fp32/fp16/bf16; bias: (n,) x's dtype or
     None (the bias of the linear that produced x, added here). The keep-mask is a pure function of (seed, offset),
     two int64 drawn from `generator` (default: torch's default CPU generator, whatever x's device: no device
-    synchronization), and of each element's (row, column) in the (rows, n) view. dropout_p = 0: x + bias, nothing drawn. Differentiable in x and bias."""
+    synchronization), and of each element's (row, column) in the (rows, n) view. dropout_p = 0: x + bias, nothing
+    drawn. Differentiable in x and bias."""
     check_float("x", OP, x)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
         raise ValueError(f"{OP}: dropout_p must be a float with 0 <= dropout_p < 1, got {dropout_p!r}")
