@@ -8,22 +8,73 @@ import numpy as np
 import pytest
 
 import fastenc
+from fastenc.corpus.job import Summary
 from fastenc.corpus.readers import BadRowError
 
 ray = pytest.importorskip("ray")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
-# The instance belongs to a child process and the tests connect to it as to a cluster: a test process that started
-# the instance itself would, at ray.shutdown(), have its raylet killed under its own driver, which Ray can answer by
-# ending the process with status 1 (seen once: the whole test run ended at this module's teardown).
+# Ray runs outside the test process: the instance belongs to one child process (the head) and the jobs run in
+# another (the driver), which connects to it as to a cluster. A test process that is itself a Ray driver keeps Ray's
+# threads after ray.shutdown() (Ray Data's metrics poller among them), and its core worker ends the whole process
+# with status 1 when it loses the raylet or the GCS: a driver in this process made the test run end at this module's
+# teardown, with no report.
 HEAD = ("import sys, ray; info = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False); "
         "print(info.address_info['gcs_address'], flush=True); sys.stdin.read(); ray.shutdown()")
+# The driver: one fastenc.embed call per request line {"inputs", "kwargs"}; one reply line per request, the job's
+# Summary or the exception's type and message.
+DRIVER = """
+import dataclasses, json, sys
+import ray
+import fastenc
+ray.init(address=sys.argv[1], log_to_driver=False)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    try:
+        s = fastenc.embed(req["inputs"], **req["kwargs"])
+        reply = {"summary": dataclasses.asdict(s)}
+    except Exception as e:
+        reply = {"error": type(e).__name__, "message": str(e)}
+    print(json.dumps(reply), flush=True)
+ray.shutdown()
+"""
+ERRORS = {"BadRowError": BadRowError, "ValueError": ValueError}
+
+
+class RayDriver:
+    """fastenc.embed(..., engine="ray") run by the driver process; raises the job's error here, by type and message."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def embed(self, inputs, **kwargs):
+        inputs = [str(i) for i in inputs] if isinstance(inputs, (list, tuple)) else str(inputs)
+        kwargs = {k: str(v) if k == "out" else v for k, v in kwargs.items()}
+        self.proc.stdin.write(json.dumps({"inputs": inputs, "kwargs": {**kwargs, "engine": "ray"}}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the Ray driver process ended with status {self.proc.wait()}"
+        reply = json.loads(line)
+        if "error" in reply:
+            raise ERRORS.get(reply["error"], RuntimeError)(reply["message"])
+        s = Summary(**reply["summary"])
+        s.bad = [tuple(b) for b in s.bad]
+        return s
+
+
+def _close(proc):
+    proc.stdin.close()  # each process shuts Ray down when its standard input ends
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 @pytest.fixture(scope="module")
 def ray_local():
-    # without token authentication (this process, connecting by address, would not present the token a new local
+    # without token authentication (the driver, connecting by address, would not present the token a new local
     # instance makes by default); the instance lives for this module only
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -31,15 +82,16 @@ def ray_local():
     try:
         address = head.stdout.readline().strip()
         assert address, f"the Ray head process ended with status {head.wait()}"
-        ray.init(address=address, log_to_driver=False)
-        yield
-        ray.shutdown()
-    finally:
-        head.stdin.close()  # the head shuts its instance down when its standard input ends
+        driver = subprocess.Popen([sys.executable, "-c", DRIVER, address], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
         try:
-            head.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            head.kill()
+            assert driver.stdout.readline(), f"the Ray driver process ended with status {driver.wait()}"
+            yield RayDriver(driver)
+            assert not ray.is_initialized(), "Ray started in the test process"
+        finally:
+            _close(driver)
+    finally:
+        _close(head)
 
 
 def _table(path):
@@ -53,7 +105,7 @@ def test_ray_matches_local_job(tmp_path, texts, ray_local):
     (corpus / "a.txt").write_text("\n".join(texts[:23]) + "\n")
     (corpus / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[23:40]))
     local = fastenc.embed(str(corpus), out=tmp_path / "local.parquet", window=16)
-    s = fastenc.embed(str(corpus), out=tmp_path / "ray.parquet", engine="ray", actors=1, window=16)
+    s = ray_local.embed(str(corpus), out=tmp_path / "ray.parquet", actors=1, window=16)
     assert (s.texts, s.skipped) == (local.texts, 0) == (40, 0)
     assert s.tokens == local.tokens and s.truncated == local.truncated
     ids_l, emb_l = _table(tmp_path / "local.parquet")
@@ -73,10 +125,10 @@ def test_ray_two_actors_share_one_file(tmp_path, texts, ray_local):
     path = tmp_path / "one.txt"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(BadRowError, match=r"bad row 37 of .*one.txt: empty text"):
-        fastenc.embed(str(path), out=tmp_path / "err.parquet", engine="ray", actors=2, window=8)
+        ray_local.embed(str(path), out=tmp_path / "err.parquet", actors=2, window=8)
     kw = dict(window=8, on_bad="skip")
     local = fastenc.embed(str(path), out=tmp_path / "local.parquet", **kw)
-    s = fastenc.embed(str(path), out=tmp_path / "ray.parquet", engine="ray", actors=2, **kw)
+    s = ray_local.embed(str(path), out=tmp_path / "ray.parquet", actors=2, **kw)
     assert (s.texts, s.skipped, s.tokens, s.truncated) == (local.texts, 1, local.tokens, local.truncated)
     assert s.texts == len(texts) and s.bad == local.bad == [(str(path), 37, "empty text")]
     ids_l, emb_l = _table(tmp_path / "local.parquet")
@@ -90,8 +142,8 @@ def test_ray_bad_rows(tmp_path, ray_local):
     path = tmp_path / "in.txt"
     path.write_text("fine\n\nalso fine\n")
     with pytest.raises(BadRowError, match="bad row 1 of .*in.txt: empty text"):
-        fastenc.embed(str(path), out=tmp_path / "o.parquet", engine="ray")
-    s = fastenc.embed(str(path), out=tmp_path / "o.parquet", engine="ray", on_bad="skip", overwrite=True)
+        ray_local.embed(str(path), out=tmp_path / "o.parquet")
+    s = ray_local.embed(str(path), out=tmp_path / "o.parquet", on_bad="skip", overwrite=True)
     assert (s.texts, s.skipped) == (2, 1)
     ids, _ = _table(tmp_path / "o.parquet")
     assert sorted(ids) == [0, 2]
@@ -110,7 +162,7 @@ def test_ray_names_first_bad_row(tmp_path, texts, ray_local):
     with pytest.raises(BadRowError) as local:
         fastenc.embed(inputs, out=tmp_path / "local.parquet", window=8)
     with pytest.raises(BadRowError) as on_ray:
-        fastenc.embed(inputs, out=tmp_path / "ray.parquet", engine="ray", actors=2, window=8)
+        ray_local.embed(inputs, out=tmp_path / "ray.parquet", actors=2, window=8)
     assert str(on_ray.value) == str(local.value)
     assert f"bad row 7 of {path}: empty text" in str(on_ray.value)
     assert not list(tmp_path.glob("*.parquet*"))
@@ -126,3 +178,4 @@ def test_ray_argument_errors(tmp_path):
         fastenc.embed(str(tmp_path / "in.txt"), out=tmp_path / "o.parquet", engine="ray", actors=0)
     with pytest.raises(ValueError, match="engine must be one of"):
         fastenc.embed(["a"], engine="spark")
+    assert not ray.is_initialized()  # each error came before Ray would start

@@ -41,8 +41,9 @@ def test_batches_are_built_as_iterated():
         assert torch.equal(b.ids, w.ids) and torch.equal(b.mask, w.mask)
 
 
-# Where a Ray instance left by an earlier test allocates from its background threads (Ray Data polls its cluster
-# metrics every 10 s, over HTTP): not the job's memory, and may be live at any window end.
+# Where the background threads of a process that once ran a Ray Data job allocate (Ray Data's metrics poller lives
+# on after ray.shutdown() and polls over HTTP every 10 s): not the job's memory, and may be live at any window end.
+# The suite's Ray tests run Ray in child processes; this keeps the test true in a process that did not.
 OTHER_THREADS = ("/ray/", "/urllib3/", "/requests/", "/http/", "/socket.py", "/threading.py", "/tracemalloc.py")
 
 
