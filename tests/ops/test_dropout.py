@@ -1,5 +1,6 @@
 """dropout (counter-based keep-mask, optional fused bias), forward and backward: every backend against the reference,
 the reference's mask against its definition (fastenc/reference/attention_dropout.py at head 0) and its keep rate."""
+import importlib.util
 import itertools
 
 import pytest
@@ -132,3 +133,22 @@ def test_dropout_bad_input_names_the_argument():
         fastenc.ops.dropout(x, 0.1, generator=3)
     with pytest.raises(TypeError, match="x"):
         fastenc.ops.dropout(torch.ones(3, 8, dtype=torch.int64), 0.1)
+
+
+def test_layers_use_ops_dropout_where_a_kernel_of_ours_serves(monkeypatch):
+    """fastenc.layers.dropout: ops.dropout on CPU fp32 (cpu kernel) and on a GPU with triton installed (Triton
+    kernel); torch's F.dropout of x + bias otherwise (CPU half precision, a GPU without triton)."""
+    from fastenc import registry
+    from fastenc.layers import dropout as layer
+
+    calls = []
+    monkeypatch.setattr(layer.ops, "dropout", lambda x, p, bias=None: calls.append("ops") or x)
+    monkeypatch.setattr(layer.F, "dropout", lambda x, p, training: calls.append("torch") or x)
+    layer.dropout(torch.randn(2, 8), 0.1)
+    layer.dropout(torch.randn(2, 8, dtype=torch.bfloat16), 0.1, bias=torch.zeros(8, dtype=torch.bfloat16))
+    gpu = testing.fake(2, 8, dtype=torch.float16, device="cuda")
+    layer.dropout(gpu, 0.1)
+    monkeypatch.setattr(registry, "triton_available", lambda: "triton is not installed")
+    layer.dropout(gpu, 0.1)
+    want_gpu = "ops" if importlib.util.find_spec("triton") is not None else "torch"
+    assert calls == ["ops", "torch", want_gpu, "torch"]
