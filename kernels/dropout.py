@@ -14,8 +14,7 @@ import triton.language as tl
 
 from fastenc.kernels._util import on_device
 from fastenc.kernels.attention import _dropout_keep, _dropout_row_keys, dropout_args
-
-TILE = 2048  # elements per program
+from fastenc.kernels.gelu import tile_config  # (ROWS, BLOCK_N) tiles of ~2048 elements, as the elementwise GELU
 
 
 @triton.jit
@@ -33,13 +32,6 @@ def _dropout_kernel(X, B, Y, M, N, stride_x, stride_y, drop_key, drop_thr, drop_
     keep = _dropout_keep(rkeys[:, None], cols[None, :], drop_thr)
     y = tl.where(keep, x * drop_scale, 0.0)
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-
-
-def tile_config(n: int) -> dict[str, int]:
-    """(ROWS, BLOCK_N) tile of ~TILE elements for rows of n columns, and warps (16 elements per thread)."""
-    block = min(triton.next_power_of_2(max(n, 1)), TILE)
-    rows = max(1, TILE // block)
-    return {"ROWS": rows, "BLOCK_N": block, "num_warps": max(1, rows * block // 512)}
 
 
 def _launch(x: torch.Tensor, bias: torch.Tensor | None, dropout_p: float, seed: int, offset: int) -> torch.Tensor:
