@@ -17,15 +17,24 @@ def test_bench_embed_small(tmp_path):
     assert (tmp_path / "embed.json").exists() and (tmp_path / "embed.csv").exists()
 
 
-def test_bench_embed_memory_only(tmp_path):
-    """rounds=0 skips the timed providers; the memory rows come from a fresh process embedding a corpus file."""
+def test_bench_embed_memory_only(tmp_path, monkeypatch):
+    """rounds=0 skips the timed providers; the memory rows come from a fresh process embedding a corpus file. The
+    passages are read once, as many as the memory corpora need (n is for the timed and Ray rows)."""
+    from fastenc.corpus import docstrings
+
+    limits = []
+    real = docstrings.docstring_passages
+    monkeypatch.setattr(docstrings, "docstring_passages", lambda limit, **kw: limits.append(limit) or real(limit, **kw))
     res = bench_embed(tmp_path, n=8, rounds=0, memory_sizes=(30,), ray_actors=())
+    assert limits == [30]
     pay = res["payload"]
     assert pay["rows"] == [] and pay["rounds"] == 0
     for kind in ("same_distribution", "first_n"):
         (size, mem), = pay[f"peak_rss_mib_{kind}"].items()
         assert int(size) == 30 and 0 < mem["model_loaded"] <= mem["peak"]
     assert set(pay["memory_corpora"]) == {"same_distribution", "first_n"}
+    bench_embed(tmp_path / "none", n=8, rounds=0, memory_sizes=(), ray_actors=())
+    assert limits == [30]  # nothing needed the passages: none read
 
 
 def test_bench_cli_int_lists():
