@@ -8,6 +8,8 @@ layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.fc1,mlp.fc2}, norm, pooler, c
 Training: parameters require grad; model.train() turns on transformers' dropouts (hidden_dropout_prob after the
 embeddings and on the attention and MLP outputs, attention_probs_dropout_prob on the attention probabilities);
 ViTForImageClassification takes labels= and returns transformers' ImageClassifierOutput with the loss.
+The classification head reads the CLS token alone, so its last layer runs Wo, the norms and the MLP (and the final
+norm) on the CLS rows only, after attention over every token (_encode(first_only=True)).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
-from fastenc.models.padding import PackedBatch
+from fastenc.models.padding import PackedBatch, gather_rows
 
 
 class ViTEmbeddings(nn.Module):
@@ -87,23 +89,34 @@ class ViTModel(LoraMixin, SaveMixin, nn.Module):
         w = self.embeddings.patch.weight
         return pixel_values.to(device=w.device, dtype=w.dtype)
 
-    def _encode(self, pixel_values):
+    def _encode(self, pixel_values, first_only: bool = False):
+        """(x (images * tokens, hidden) after the final norm, PackedBatch). first_only=True: x is (images, hidden),
+        each image's first token (the CLS token) only: the last layer attends over every token but runs Wo, its
+        norms and its MLP, and the final norm, on those rows alone (what a head reading the CLS token needs)."""
         pixel_values = self._check(pixel_values)
         b, s = pixel_values.shape[0], self.embeddings.position.shape[1]  # patches + the prepended tokens
         batch = PackedBatch(None, b, s, pixel_values.device)
         h = self.embeddings(pixel_values)
         p = self.config.hidden_dropout_prob if self.training else 0.0
         delta, delta_bias = None, None  # the last fc2 output, its bias left to the next norm
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             if delta is None:
                 y = layer.attn_norm(h)
             else:
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
-            a = _dropped(layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=p > 0), layer.attn.Wo, p)
+            if first_only and i == last:  # keys and values need every token; the rest, the first rows only
+                rows = batch.first_rows()
+                o = gather_rows(layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen), rows)
+                h = gather_rows(h, rows)
+                a = _dropped(layer.attn.Wo(o, with_bias=p > 0), layer.attn.Wo, p)
+            else:
+                a = _dropped(layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=p > 0), layer.attn.Wo, p)
             y, h = layer.mlp_norm(a[0], residual=h, input_bias=a[1])
             delta, delta_bias = _dropped(layer.mlp(y, out_bias=p > 0), layer.mlp.fc2, p)
         if delta is None:
-            return self.norm(h), batch
+            x = self.norm(h)
+            return (batch.first_tokens(x) if first_only else x), batch
         return self.norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -145,8 +158,7 @@ class ViTForImageClassification(ViTModel):
                                  f"num_labels={self.config.num_labels}")
             n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
             kind = heads.check_sequence_labels(type(self).__name__, self.config, labels, n)
-        x, batch = self._encode(pixel_values)
-        cls = batch.first_tokens(x)
+        cls, _ = self._encode(pixel_values, first_only=True)  # the last layer past attention at the CLS rows only
         logits = cls if self.classifier is None else self.classifier(cls)
         if labels is None:
             return logits
