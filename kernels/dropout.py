@@ -28,7 +28,7 @@ def _dropout_kernel(X, B, Y, M, N, stride_x, stride_y, drop_key, drop_thr, drop_
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         x += tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    rkeys = _dropout_row_keys(drop_key, tl.full((), 0, tl.int32), rows.to(tl.uint32))
+    rkeys = _dropout_row_keys(drop_key, tl.full((), 0, tl.int32), rows)  # (the helper truncates to uint32)
     keep = _dropout_keep(rkeys[:, None], cols[None, :], drop_thr)
     y = tl.where(keep, x * drop_scale, 0.0)
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)

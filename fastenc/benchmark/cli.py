@@ -39,8 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="models: where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs "
                         "alone, fastenc's ops, other ops, Python/dispatch), under torch.profiler")
     p.add_argument("--workloads", default=None,
-                   help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs); "
-                        "train: of fixed, varlen (default: both; ViT has fixed only)")
+                   help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always "
+                        "runs); train: of fixed, varlen (default: both; ViT has fixed only)")
     p.add_argument("--rounds", type=int, default=None,
                    help="models: timed batch-1 rounds (default: 5 with --quick, else 20, more up to 5 s); "
                         "embed: timed rounds over the corpus (default 2; quick 1)")

@@ -81,7 +81,8 @@ def cases(quick: bool = False, sweep: bool | None = None) -> list[Case]:
     if quick:
         keep = {("layer_norm", "BERT-base"), ("rms_norm", "BERT-base dims"), ("gelu", "BERT-base"),
                 ("geglu", "ModernBERT-base"), ("dropout", "BERT-base"), ("rope", "ModernBERT-base"),
-                ("attention", "BERT-base"), ("attention", "varlen workload"), ("merge_lora", "BERT-base + LoRA"), ("lora_linear", "BERT-base + LoRA")}
+                ("attention", "BERT-base"), ("attention", "varlen workload"), ("merge_lora", "BERT-base + LoRA"),
+                ("lora_linear", "BERT-base + LoRA")}
         seen: set = set()
         quick_cases = []
         for c in out:

@@ -68,9 +68,9 @@ MEMORY_SEED = 0  # the same-distribution corpora's fixed pseudo-random order
 
 def _memory_rows(tmp: Path, sizes, passages: list[str]) -> dict:
     """The job's peak memory (_peak_rss_mib) at each corpus size, for two kinds of corpora made from the first
-    max(sizes) docstring passages (`passages`: at least that many, in file order): 'same distribution' (those passages in a fixed pseudo-random order, each size its
-    first `size`: every size samples the same mix of lengths, so a difference between sizes is growth with the
-    number of texts) and 'first N' (the first `size` passages in file order, as before: the later files hold longer
+    max(sizes) docstring passages (`passages`: at least that many, in file order): 'same distribution' (those
+    passages in a fixed pseudo-random order, each size its first `size`: every size samples the same mix of
+    lengths, so a difference between sizes is growth with the number of texts) and 'first N' (the first `size` passages in file order, as before: the later files hold longer
     passages, so a bigger size also means longer texts)."""
     from fastenc.corpus.docstrings import shuffled, write_texts
 
