@@ -397,7 +397,7 @@ Tensor geglu_bwd(const Tensor& grad, const Tensor& x, const std::string& approxi
   return dx.to(x.scalar_type());
 }
 
-// ---------------------------------------------------------------- few-row packed GEMM (cpu)
+// ---------------------------------------------------------------- packed-panel GEMM (cpu)
 // gemm_pack: w (n, k) fp32 -> its panels (csrc/cpu/gemm.cpp). gemm_packed: x (m, k) fp32 (unit column stride) times
 // the packed W^T (+ bias (n,)) -> out (m, n) (unit column stride; a new tensor when not given), out += when accumulate;
 // gelu ("none": exact, "tanh") applied last when given (the MLP's first projection), None for no activation.
@@ -674,7 +674,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifndef FASTENC_WITH_CUDA
   // cpu half defs
   m.def("buffer_empty", &buffer_empty, "uninitialized CPU tensor from the buffer cache");
-  m.def("gemm_pack", &gemm_pack, "weight (n, k) fp32 -> the few-row GEMM's packed panels");
+  m.def("gemm_pack", &gemm_pack, "weight (n, k) fp32 -> the panel GEMM's packed panels");
   m.def("gemm_packed", &gemm_packed, "x @ W^T (+ bias) (+ out) (then gelu) with W packed by gemm_pack, fp32");
   m.def("buffer_cache_stats", &buffer_cache_stats, "(in use, cached, peak in use, hits, misses): bytes, counts");
   m.def("buffer_cache_release", &fastenc_cpu::cache_release, "free every cached block");

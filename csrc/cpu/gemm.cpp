@@ -1,6 +1,6 @@
-// Few-row GEMM on a prepacked weight: y = x W^T (+ bias) (+ y), fp32, for the batch-1 inference GEMMs (tens of
-// rows against a weight of up to a few million elements), where a BLAS sgemm re-packs the weight panels on every
-// call and its blocking is tuned for large M.
+// GEMM on a prepacked weight: y = x W^T (+ bias) (+ y), fp32, fastenc.layers.Linear's CPU inference GEMM. Built for
+// the batch-1 GEMMs first (tens of rows against a weight of up to a few million elements, where a BLAS sgemm
+// re-packs the weight panels on every call and its blocking is tuned for large M), then blocked for tall x.
 //
 // Layout: W (N, K) is packed once into panels of NW = NC * VW columns, panel p holding W[p*NW + j][k] at
 // [p][k][j] (K x NW contiguous, zero columns past N). y's rows are taken MR at a time: an MR x NW tile keeps
@@ -18,6 +18,17 @@
 // 0.83-0.90x, 1 row level; through MiniLM's 6 layers (42 MB) at 16 rows 0.86x. Above kPrefetchMaxTiles row blocks
 // (when none prefetched), against the same kernel without prefetch, BERT-base's 12 layers: 128 rows 0.94x
 // [0.91, 0.98], 64 rows 0.88x [0.87, 0.92], 32 rows 0.79x [0.76, 0.81] (median [20 %, 80 %] of 15 paired rounds).
+// Blocking: above kTallRows rows, x no longer fits in L2 beside a panel, and a thread streaming its panels would
+// read all of x again from L3 for each one. There the GEMM runs in k blocks of at most kBlockK steps (K = 3072 in
+// three) and, within each, in row blocks of kBlockXBytes of x (84 rows at K = 768, 1024-step blocks: 60 rows);
+// each row block passes over the thread's panels, so its part of x is read from L2. A k block after the first adds
+// to the y the one before it stored (its bias and residual taken once, the GELU after the last), so the sum keeps
+// its order: y[i][j] = bias + y_old + sum over k ascending, bit for bit the unblocked result. A tall x against a
+// narrow weight (under kMinPanelsPerThread panels a thread) splits the row blocks over the threads instead of the
+// panels. Two threads, 12 layers' weights cycled (python -m fastenc.benchmark.gemm_pack --threads 2 --layers 12),
+// at 3200 rows the better of MKL's sgemm and oneDNN's packed GEMM took 1.09x the blocked GEMM's time and 0.87x the
+// unblocked one's at K = 768 x N = 768, 1.00x and 0.89x at K = 3072 x N = 768; 512-step k blocks lost to 1024-step
+// ones (0.98-1.03x against 1.00-1.09x).
 // Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so
 // y = x W^T + bias + y_old leaves the registers once; with an activation (the MLP's first projection) each row
 // block's GELU runs on its just-stored MR x NW tile while it is still in L1 (fast_math.h's fm_gelu_erf / tanh, the
@@ -86,6 +97,12 @@ constexpr int64_t kPrefetchMaxTiles = 4;
 // k steps per batch of prefetch requests: one request per line and one branch per block, not per k step (a request
 // per step slowed MiniLM's K = 384 GEMMs by 5-30 %).
 constexpr int64_t kPrefetchBlock = 16;
+// Blocking of a tall x (module comment): above kTallRows rows, k blocks of at most kBlockK steps and row blocks of
+// kBlockXBytes of x per k block (half of a 512 KiB L2: 84 rows at K = 768).
+constexpr int64_t kTallRows = 128;
+constexpr int64_t kBlockK = 1024;
+constexpr int64_t kBlockXBytes = 256 * 1024;
+constexpr int64_t kMinPanelsPerThread = 4;
 
 template <int R>
 void tile(const float* __restrict x, int64_t ldx, const float* __restrict wp, int64_t K,
@@ -186,34 +203,69 @@ void gemm_pack(const float* w, int64_t n, int64_t k, float* out) {
       }
 }
 
+namespace {
+
+// One thread's panels [p0, p1) over rows [0, m) and k steps [0, k) of x (the whole GEMM when the call is not
+// blocked): the row blocks of MR rows pass over each panel in turn, the first kPrefetchMaxTiles of them prefetching
+// the next panel (module comment). wp / panel_len: the panels' base and full length (K x NW), x and the panels
+// already offset to the k block's first step; act runs after the last k block only.
+void panel_range(const float* x, int64_t m, int64_t k, int64_t ldx, const float* wp, int64_t panel_len, int64_t n,
+                 int64_t p0, int64_t p1, const float* bias, float* y, int64_t ldy, bool accumulate,
+                 GemmActivation act) {
+  const int64_t mp = std::min<int64_t>(m, kPrefetchMaxTiles * MR);  // rows of the row blocks that prefetch
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t c0 = p * NW, ncols = std::min<int64_t>(NW, n - c0);
+    const float* panel = wp + p * panel_len;
+    const float* b = bias != nullptr ? bias + c0 : nullptr;
+    for (int64_t i0 = 0, ti = 0; i0 < m; i0 += MR, ++ti) {
+      const int64_t rows = std::min<int64_t>(MR, m - i0);
+      Prefetch pf;
+      if (p + 1 < p1 && ti < kPrefetchMaxTiles) {  // this tile's share of the next panel, in proportion to its rows
+        const int64_t step = (NW * rows + mp - 1) / mp, start = i0 * k * NW / mp, len = k * NW;
+        if (start < len) pf = Prefetch{panel + panel_len + start, step, std::min(len - start, k * step)};
+      }
+      float* yt = y + i0 * ldy + c0;
+      tile_rows<MR>(rows, x + i0 * ldx, ldx, panel, k, b, yt, ldy, accumulate, ncols, pf);
+      if (act == GemmActivation::kGelu)  // gelu(y) in place on the tile's rows (bias already in y)
+        gelu_tile<false>(yt, ldy, rows, ncols);
+      else if (act == GemmActivation::kGeluTanh)
+        gelu_tile<true>(yt, ldy, rows, ncols);
+    }
+  }
+}
+
+}  // namespace
+
 void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* wp, int64_t n, const float* bias,
                  float* y, int64_t ldy, bool accumulate, int num_threads, GemmActivation act) {
   const int64_t panels = (n + NW - 1) / NW, panel_len = k * NW;
-  const int64_t mp = std::min<int64_t>(m, kPrefetchMaxTiles * MR);  // rows of the row blocks that prefetch
-  const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && panels > 1
+  const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && (panels > 1 || m > kTallRows)
                      ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
+  // Tall x (module comment, "Blocking"): k blocks of at most kBlockK steps (equal lengths), row blocks of the rows
+  // whose k block fills kBlockXBytes; up to kTallRows rows one block of each, the loop of the few-row GEMM.
+  const int64_t kblocks = m > kTallRows ? (k + kBlockK - 1) / kBlockK : 1;
+  const int64_t kc = (k + kblocks - 1) / kblocks;
+  const int64_t mc = m > kTallRows
+      ? std::max<int64_t>(MR, kBlockXBytes / (int64_t(sizeof(float)) * kc) / MR * MR) : m;
+  const int64_t row_blocks = (m + mc - 1) / mc;
+  // A tall x with under kMinPanelsPerThread panels a thread (a narrow weight, many threads): the team splits the
+  // row blocks instead, each thread taking every panel over its rows.
+  const bool split_rows = m > kTallRows && panels < kMinPanelsPerThread * nt && row_blocks > 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
-    // Each thread one contiguous, balanced range of panels, streamed in address order.
+    // Each thread one contiguous, balanced range of panels, streamed in address order (or of row blocks).
     const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t p0 = panels * t / team, p1 = panels * (t + 1) / team;
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t c0 = p * NW, ncols = std::min<int64_t>(NW, n - c0);
-      const float* panel = wp + p * panel_len;
-      const float* b = bias != nullptr ? bias + c0 : nullptr;
-      for (int64_t i0 = 0, ti = 0; i0 < m; i0 += MR, ++ti) {
-        const int64_t rows = std::min<int64_t>(MR, m - i0);
-        Prefetch pf;
-        if (p + 1 < p1 && ti < kPrefetchMaxTiles) {  // this tile's share of the next panel, in proportion to its rows
-          const int64_t step = (NW * rows + mp - 1) / mp, start = i0 * k * NW / mp;
-          if (start < panel_len) pf = Prefetch{panel + panel_len + start, step, std::min(panel_len - start, k * step)};
-        }
-        float* yt = y + i0 * ldy + c0;
-        tile_rows<MR>(rows, x + i0 * ldx, ldx, panel, k, b, yt, ldy, accumulate, ncols, pf);
-        if (act == GemmActivation::kGelu)  // gelu(y) in place on the tile's rows (bias already in y)
-          gelu_tile<false>(yt, ldy, rows, ncols);
-        else if (act == GemmActivation::kGeluTanh)
-          gelu_tile<true>(yt, ldy, rows, ncols);
+    const int64_t p0 = split_rows ? 0 : panels * t / team, p1 = split_rows ? panels : panels * (t + 1) / team;
+    const int64_t r0 = split_rows ? row_blocks * t / team : 0;
+    const int64_t r1 = split_rows ? row_blocks * (t + 1) / team : row_blocks;
+    for (int64_t k0 = 0; k0 < k; k0 += kc) {
+      const int64_t kn = std::min(kc, k - k0);
+      const bool first = k0 == 0, last = k0 + kn == k;
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t i0 = r * mc;
+        panel_range(x + i0 * ldx + k0, std::min(mc, m - i0), kn, ldx, wp + k0 * NW, panel_len, n, p0, p1,
+                    first ? bias : nullptr, y + i0 * ldy, ldy, first ? accumulate : true,
+                    last ? act : GemmActivation::kNone);
       }
     }
   }

@@ -1,4 +1,4 @@
-// Few-row GEMM on a prepacked weight (csrc/cpu/gemm.cpp): fastenc.layers.Linear's inference GEMM at batch 1.
+// GEMM on a weight prepacked into panels (csrc/cpu/gemm.cpp): fastenc.layers.Linear's CPU inference GEMM.
 #pragma once
 #include <cstdint>
 
@@ -8,7 +8,7 @@ namespace fastenc_cpu {
 int64_t gemm_panel_width();
 // w (n, k) row-major -> out (ceil(n / width), k, width): panel p holds w[p * width + j][kk] at [p][kk][j], zero past n.
 void gemm_pack(const float* w, int64_t n, int64_t k, float* out);
-// The few-row GEMM's epilogue activation, applied after the bias and the accumulated y: none, exact (erf) GELU or
+// The panel GEMM's epilogue activation, applied after the bias and the accumulated y: none, exact (erf) GELU or
 // tanh GELU (the math of act.cpp's gelu_fwd).
 enum class GemmActivation { kNone, kGelu, kGeluTanh };
 

@@ -29,7 +29,7 @@ constexpr int64_t kParallelMinFmas = int64_t(1) << 24;
 // which the ops above also open a team.
 constexpr int64_t kParallelMinAttnFmas = int64_t(1) << 20;
 
-// Multiply-adds per call below which the few-row packed GEMM (gemm.cpp) runs serially: 2^22 is ~100 us of one
+// Multiply-adds per call below which the packed-panel GEMM (gemm.cpp) runs serially: 2^22 is ~100 us of one
 // core at its ~40-80 GFLOP/s (MiniLM's 16 x 384 x 384 projections, 2^21.2, stay serial; its 16 x 384 x 1536 MLP
 // GEMMs and every BERT-base GEMM at 16 rows split their column panels over the team).
 constexpr int64_t kParallelMinGemmFmas = int64_t(1) << 22;

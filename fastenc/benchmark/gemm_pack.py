@@ -1,12 +1,11 @@
 """Packed vs plain CPU GEMM per shape: the measurement behind fastenc.layers.prepack.min_rows (MIN_TOKENS,
-MIN_TOKENS_SMALL, LARGE_WEIGHT) and FEW_ROWS.
+MIN_TOKENS_SMALL, LARGE_WEIGHT) and use_panels.
 
 For each model linear shape (K in, N out) and token count M, times y = x @ W.T + b three ways, interleaved round
 by round in one process: `plain` (torch.addmm into a preallocated output, fastenc's unpacked path), `packed`
 (oneDNN on the weight packed once, fastenc.layers.prepack.linear), and the residual form out += x @ W.T:
-`plain-acc` (addmm_ with beta 1) vs `packed-acc` (oneDNN's binary add post-op into a new tensor); and, up to
-prepack.FEW_ROWS rows, fastenc's few-row GEMM on its own panels (`panels`, `panels-acc`: prepack.few_rows, the
-rule prepack.use_panels). Reports medians, the paired ratios plain/packed (median over rounds; > 1: packing wins)
+`plain-acc` (addmm_ with beta 1) vs `packed-acc` (oneDNN's binary add post-op into a new tensor); and fastenc's
+GEMM on its own panels (`panels`, `panels-acc`: prepack.panel_gemm, the rule prepack.use_panels). Reports medians, the paired ratios plain/packed (median over rounds; > 1: packing wins)
 and best-of(plain, packed)/panels (> 1: the panels win) with their 20-80% spread, GFLOP/s, and the max relative
 difference packed vs plain. With --threads 1 the samples are the calling thread's CPU time (time.thread_time: little
 moved by other load on the machine), else wall time. With --layers L each case has L distinct weights and the calls
@@ -54,10 +53,9 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0, layers: int = 1)
            "packed": lambda i: prepack.linear(x, packs[i], b),
            "plain-acc": lambda i: acc.addmm_(x, ws[i].t()),
            "packed-acc": lambda i: torch.ops.mkldnn._linear_pointwise.binary(x, acc, packs[i], None, "add")}
-    if m <= prepack.FEW_ROWS:
-        panels = [prepack.PackCache(panels=True).get(w_)[0] for w_ in ws]
-        fns["panels"] = lambda i: prepack.few_rows(x, panels[i], n, b, out)
-        fns["panels-acc"] = lambda i: prepack.few_rows(x, panels[i], n, None, acc, accumulate=True)
+    panels = [prepack.PackCache(panels=True).get(w_)[0] for w_ in ws]  # (builds the extension if needed)
+    fns["panels"] = lambda i: prepack.panel_gemm(x, panels[i], n, b, out)
+    fns["panels-acc"] = lambda i: prepack.panel_gemm(x, panels[i], n, None, acc, accumulate=True)
     reps = max(1, min(50, int(2e8 / (2 * m * k * n))))  # calls per sample: ~0.2 GFLOP a sample, a few ms
     reps = -(-reps // layers) * layers  # a whole number of passes over the weights
 
@@ -136,7 +134,7 @@ def main(argv=None) -> int:
         meta = report.metadata("cpu", torch.float32, False)
         meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS,
                     min_tokens_small=prepack.MIN_TOKENS_SMALL, large_weight=prepack.LARGE_WEIGHT,
-                    few_rows=prepack.FEW_ROWS, rounds=a.rounds, layers=a.layers,
+                    rounds=a.rounds, layers=a.layers,
                     elapsed_s=time.perf_counter() - t0, load_after=_load())
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

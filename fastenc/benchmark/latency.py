@@ -24,14 +24,14 @@ ALLOC_OPS = ("aten::empty", "aten::empty_strided")
 # profiler names of the GEMM ops (packed linears by prefix: _linear_pointwise and its .binary overload)
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 PACKED_GEMM_PREFIXES = ("mkldnn::_linear_pointwise", "mkl::_mkl_linear")
-FEW_ROW_GEMM = "fastenc::gemm_packed"  # fastenc.layers.prepack.few_rows under the profiler (name + " MxKxN")
+PANEL_GEMM = "fastenc::gemm_packed"  # fastenc.layers.prepack.panel_gemm under the profiler (name + " MxKxN")
 
 
 def _mkn(name: str, shapes: list) -> tuple[int, int, int] | None:
-    """(M, K, N) of one GEMM event from its recorded input shapes, or from its name for fastenc's few-row GEMM
+    """(M, K, N) of one GEMM event from its recorded input shapes, or from its name for fastenc's panel GEMM
     ("fastenc::gemm_packed MxKxN"); None when they do not say."""
     try:
-        if name.startswith(FEW_ROW_GEMM):
+        if name.startswith(PANEL_GEMM):
             m, k, n = name.split(" ")[1].split("x")
         elif name == "aten::mm":
             (m, k), (_, n) = shapes[0], shapes[1]
@@ -49,7 +49,7 @@ def _mkn(name: str, shapes: list) -> tuple[int, int, int] | None:
 
 
 def _category(name: str) -> str:
-    if name in GEMM_OPS or name.startswith(PACKED_GEMM_PREFIXES) or name.startswith(FEW_ROW_GEMM):
+    if name in GEMM_OPS or name.startswith(PACKED_GEMM_PREFIXES) or name.startswith(PANEL_GEMM):
         return "gemm"
     return "fastenc_ops" if name.startswith("fastenc::") else "other_ops"
 
@@ -89,8 +89,7 @@ def breakdown(call: Callable[[], object], calls: int = 5) -> dict:
 
 def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = None) -> dict:
     """Time each 'MxKxN' GEMM alone (fp32, random data): plain torch.addmm into a preallocated output and the
-    prepacked oneDNN linear, and (up to prepack.FEW_ROWS rows, the extension loaded) fastenc's few-row GEMM on its
-    panels, interleaved; returns the sum over shapes of count x median for each, in ms (a path a shape does not
+    prepacked oneDNN linear, and (the extension loaded) fastenc's panel GEMM on its panels, interleaved; returns the sum over shapes of count x median for each, in ms (a path a shape does not
     have counts as plain)."""
     from fastenc import extension
     from fastenc.layers import prepack
@@ -106,9 +105,9 @@ def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = N
                 if torch.backends.mkldnn.is_available():
                     pw = prepack.PackCache().get(w)[0]
                     fns["packed"] = lambda: prepack.linear(x, pw, b)
-                if m <= prepack.FEW_ROWS and extension.loaded():
+                if extension.loaded():
                     pp = prepack.PackCache(panels=True).get(w)[0]
-                    fns["panels"] = lambda: prepack.few_rows(x, pp, n, b, o)
+                    fns["panels"] = lambda: prepack.panel_gemm(x, pp, n, b, o)
                 s = timing.interleaved(fns, "cpu", warmup=2, repeats=rounds)
                 cache[key] = {name: statistics.median(v) for name, v in s.items()}
             for name in total:

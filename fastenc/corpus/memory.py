@@ -14,9 +14,11 @@ the whole run. Small allocations (tokenizer, Python objects) stay in the heap; a
 page faults, which the repeated large buffers of the model's layers avoid through the CPU buffer cache
 (csrc/cpu/buffer_cache.h). The setting is process-wide and stays after the job, as the environment variable would.
 
-Not bounded here: the packed GEMM of fastenc.layers.Linear (fastenc/layers/prepack.py, oneDNN's _linear_pointwise)
-keeps state for every distinct row count it has multiplied, and the job's batches (unpadded tokens) have a new row
-count almost every time. MiniLM forwards of one row at 64 to 463 distinct token counts in a fresh process (one
+The GEMMs of fastenc.layers.Linear run on fastenc's own packed panels (fastenc/layers/prepack.py, csrc/cpu/gemm.cpp),
+which keep no state per row count. oneDNN's packed GEMM, which a call takes only while fastenc's extension is not
+loaded, does keep state for every distinct row count it has multiplied (prepack.packed_rows bounds how many), and a
+job's batches (unpadded tokens) have a new row count almost every time. Before the panels served every row count,
+MiniLM forwards of one row at 64 to 463 distinct token counts in a fresh process (one
 thread, mmap threshold pinned, the release run every 50 or 100 calls) grew its RSS by about 1.1 MiB per new count up
 to ~300 counts and 0.7 MiB per count after; 0.7 MiB per count from the start with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0;
 with FASTENC_PREPACK=0 (threshold not pinned) 11 MiB over 150 counts after the first 50.

@@ -17,7 +17,7 @@ Under the profiler each direct call is recorded under its op's name (fastenc::la
 The QKV projection is one GEMM (tokens, 3 * hidden) whose q, k and v column blocks the attention kernel reads in
 place (its input row stride is 3 * hidden): at 16 tokens one N = 3 * hidden GEMM is ~1.1-1.6x faster than three
 N = hidden ones (MKL and oneDNN, one and two threads). The MLP's first projection adds its bias and applies GELU in
-the few-row GEMM's epilogue (`linear_gelu`). A model may make the Plan on its embeddings' sum and run the embeddings'
+the panel GEMM's epilogue (`linear_gelu`). A model may make the Plan on its embeddings' sum and run the embeddings'
 LayerNorm through it too (`embed_norm`: BERT's). ModernBERT's blocks (`pre_norm_block`): q and k rotated by the
 RoPE kernel into new tensors (v copied by the attention kernel, its strides then differing from theirs), the local
 layers' window passed to the attention kernel, GeGLU written over the input half of Wi's output, and Wo's and the
@@ -83,7 +83,7 @@ class Plan:
         t, hidden = x.shape
         w, b = wqkv.weight, wqkv.bias
         if prepack.use_panels(x, w):
-            y = prepack.few_rows(x, wqkv._packed(w, panels=True)[0], 3 * hidden, b,
+            y = prepack.panel_gemm(x, wqkv._packed(w, panels=True)[0], 3 * hidden, b,
                                  extension.buffer_empty((t, 3 * hidden), x))
         elif prepack.use_packed(x, w):
             y = prepack.linear(x, wqkv._packed(w)[0], b)
@@ -112,12 +112,12 @@ class Plan:
             return self.ext.layer_norm(x, norm.weight, norm.bias, residual, None, norm.eps, False, False)[0]
 
     def linear_gelu(self, fc: Linear, x: torch.Tensor, approximate: str) -> torch.Tensor:
-        """gelu(fc(x)) (the MLP's first projection): x (tokens, in) -> (tokens, out). Up to prepack.FEW_ROWS rows
-        the bias and the GELU are the few-row GEMM's epilogue (no second pass over the output); else the GEMM,
-        then gelu(h + bias) in place."""
+        """gelu(fc(x)) (the MLP's first projection): x (tokens, in) -> (tokens, out). On the panel GEMM
+        (prepack.use_panels) the bias and the GELU are its epilogue (no second pass over the output); else the
+        GEMM, then gelu(h + bias) in place."""
         w = fc.weight
         if prepack.use_panels(x, w):
-            return prepack.few_rows(x, fc._packed(w, panels=True)[0], fc.out_features, fc.bias,
+            return prepack.panel_gemm(x, fc._packed(w, panels=True)[0], fc.out_features, fc.bias,
                                     extension.buffer_empty((x.shape[0], fc.out_features), x), gelu=approximate)
         h = fc(x, with_bias=False)
         with self._named("fastenc::gelu_out"):
@@ -135,7 +135,7 @@ def pre_norm_block(plan: Plan, layer, h: torch.Tensor, rope: tuple, approximate:
     y = h if layer.attn_norm is None else plan.layer_norm(layer.attn_norm, h, None)
     w = a.Wqkv.weight
     if prepack.use_panels(y, w):
-        qkv = prepack.few_rows(y, a.Wqkv._packed(w, panels=True)[0], 3 * hidden, a.Wqkv.bias,
+        qkv = prepack.panel_gemm(y, a.Wqkv._packed(w, panels=True)[0], 3 * hidden, a.Wqkv.bias,
                                extension.buffer_empty((t, 3 * hidden), y))
     else:
         qkv = a.Wqkv(y)

@@ -7,9 +7,10 @@ is loaded and the registry allows the cpu backend for the call (not under use_ba
 layers reuse the same memory instead of faulting in fresh pages for every GEMM output. That reuse is an inference
 form: when autograd records the call (grad mode on and x, weight or bias requiring grad) the output is a new tensor.
 The parameters require grad, as torch.nn.Linear's do.
-In inference on CPU (fp32, grad off, enough rows: fastenc.layers.prepack.use_packed) the GEMM runs on a packed
-copy of the weight (oneDNN's layout, built at first use and rebuilt when the weight changes); `weight` itself
-stays the plain tensor that state_dict, LoRA merge and training see.
+In inference on CPU (fp32, grad off: fastenc.layers.prepack.use_panels) the GEMM runs on a packed copy of the weight
+(fastenc's panels, or oneDNN's layout while the extension is not loaded: prepack.use_packed), built at first use and
+rebuilt when the weight changes; `weight` itself stays the plain tensor that state_dict, LoRA merge and training
+see.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Linear(nn.Module):
         bias = self.bias if with_bias else None
         w = self.weight
         if prepack.use_panels(x, w):
-            return prepack.few_rows(x, self._packed(w, panels=True)[0], self.out_features, bias,
+            return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, bias,
                                     extension.buffer_empty((x.shape[0], self.out_features), x))
         if prepack.use_packed(x, w):
             return prepack.linear(x, self._packed(w)[0], bias)
@@ -65,7 +66,7 @@ class Linear(nn.Module):
         return cache.get(self.weight, self.bias, parts)
 
     def _packed(self, w: torch.Tensor, parts: int = 1, panels: bool = False) -> tuple[torch.Tensor, ...]:
-        """w packed for oneDNN (prepack.linear) or, panels=True, for the few-row GEMM (prepack.few_rows)."""
+        """w packed for oneDNN (prepack.linear) or, panels=True, for fastenc's panel GEMM (prepack.panel_gemm)."""
         key = "_panels" if panels else "_pack"
         cache = self.__dict__.get(key)
         if cache is None:  # (kept out of __init__: a subclass or a copy made without it still packs)
@@ -79,6 +80,12 @@ class Linear(nn.Module):
         buffer cache): the caller takes it only when autograd does not record the call."""
         w = self.weight
         views = self._views(parts)
+        if prepack.use_panels(x, w):
+            n = self.out_features // parts
+            out = extension.buffer_empty((parts, x.shape[0], n), x)
+            outs = out.unbind(0) if out is not None else (None,) * parts
+            return tuple(prepack.panel_gemm(x, pw, n, bi, o)
+                         for pw, bi, o in zip(self._packed(w, parts, panels=True), views.b, outs))
         if prepack.use_packed(x, w):
             return tuple(prepack.linear(x, pw, bi) for pw, bi in zip(self._packed(w, parts), views.b))
         shape = (parts, x.shape[0], self.out_features // parts)
@@ -100,11 +107,11 @@ class Linear(nn.Module):
     def accumulate_(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out += x @ weight.T (no bias), in place: one GEMM with beta = 1, so a residual sum needs no pass of its
         own and the output buffer is not zeroed first. x: (tokens, in); out: (tokens, out_features).
-        (The few-row GEMM at up to prepack.FEW_ROWS rows, else the plain GEMM: with beta = 1 it beats oneDNN's
-        packed one, which cannot accumulate in place.)"""
+        (fastenc's panel GEMM when prepack.use_panels, else the plain GEMM: with beta = 1 it beats oneDNN's packed
+        one, which cannot accumulate in place.)"""
         w = self.weight
         if prepack.use_panels(x, w) and out.dtype == torch.float32 and out.stride(-1) == 1:
-            return prepack.few_rows(x, self._packed(w, panels=True)[0], self.out_features, None, out, True)
+            return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, None, out, True)
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
             wt = self.weight.t() if torch.is_grad_enabled() else self._views(1).wt[0]
             return out.addmm_(x, wt)

@@ -19,11 +19,17 @@ with packing from 16 rows); from 64-128 rows packing wins at every BERT-base and
 rows, a few per cent at 2048). One thread gains nothing from packing at 16-128 rows: the gain is in how oneDNN
 splits a small GEMM over threads.
 
-Up to FEW_ROWS rows (1 to 128: batch 1) neither runs: fastenc's own few-row GEMM (csrc/cpu/gemm.cpp, `use_panels`)
-multiplies x by the weight packed once into 16-column panels (AVX2). Measured single-threaded with thread CPU time
-(python -m fastenc.benchmark.gemm_pack --threads 1, BERT-base's and MiniLM's shapes; load ~10): at 16 rows it took 0.66-0.90x
-the time of the better of MKL's sgemm and oneDNN's packed GEMM, at 1 row 0.64-1.12x (1.12x at 1 x 3072 x 768
-only), at 32-64 rows 0.69-0.93x, at 128 rows 0.80-0.97x. It also does the residual form out += x @ W.T in place.
+With fastenc's extension loaded (any model forward loads it), neither runs: fastenc's own GEMM (csrc/cpu/gemm.cpp,
+`use_panels`) multiplies x by the weight packed once into 16-column panels (AVX2), at every row count. Measured
+single-threaded with thread CPU time (python -m fastenc.benchmark.gemm_pack --threads 1, BERT-base's and MiniLM's
+shapes; load ~10): at 16 rows it took 0.66-0.90x the time of the better of MKL's sgemm and oneDNN's packed GEMM, at
+1 row 0.64-1.12x (1.12x at 1 x 3072 x 768 only), at 32-64 rows 0.69-0.93x, at 128 rows 0.80-0.97x. Above 128 rows it
+blocks x by rows and K (gemm.cpp, "Blocking"); on two threads, cycling through 12 layers' weights (`--threads 2
+--layers 12 --tokens 256,1024,3200`, bench/results/latency/gemm_pack_tall.json), the better of sgemm and oneDNN took
+1.00-1.22x its time at every BERT-base and MiniLM shape (1.08-1.22x at 256 rows, 1.02-1.17x at 1024, 1.00-1.13x at
+3200), and oneDNN's packed GEMM lost to the plain sgemm at 1024 and 3200 rows. It also does the residual form
+out += x @ W.T in place and takes the bias and the MLP's GELU into its epilogue. The oneDNN path is what a call takes
+with the extension not loaded (and FASTENC_PREPACK not "0").
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
@@ -43,7 +49,6 @@ MIN_TOKENS = 16  # rows of x from which a large weight's GEMM is packed (the mea
 MIN_TOKENS_SMALL = 64  # rows from which a weight under LARGE_WEIGHT elements is packed
 LARGE_WEIGHT = 1 << 20  # in x out elements from which MIN_TOKENS applies (BERT-base's QKV, fc1, fc2: 1.8M, 2.4M)
 MIN_WEIGHT = 1 << 17  # in x out elements from which a weight is packed at all (MiniLM's 384 x 384 blocks: 147,456)
-FEW_ROWS = 128  # rows of x up to which fastenc's few-row GEMM (use_panels) runs instead of either of the above
 
 
 def min_rows(w: torch.Tensor) -> int:
@@ -54,7 +59,7 @@ def min_rows(w: torch.Tensor) -> int:
 
 class PackCache:
     """The packed form of one Linear's weight (split into `parts` row blocks), rebuilt when the weight changes.
-    panels=True: the few-row GEMM's panels (fastenc's extension, `use_panels`) instead of oneDNN's layout.
+    panels=True: the panel GEMM's panels (fastenc's extension, `use_panels`) instead of oneDNN's layout.
     Not copied by deepcopy or pickle (a copy starts empty and packs its own weight on first use)."""
 
     __slots__ = ("ref", "ptr", "version", "parts", "packed", "panels")
@@ -86,10 +91,11 @@ class PackCache:
 _ENABLED: list[bool] = []  # FASTENC_PREPACK and oneDNN's presence, read at the first call (nothing at import)
 
 
-def _enabled() -> bool:
+def _enabled(onednn: bool = False) -> bool:
+    """FASTENC_PREPACK not "0" (and, onednn=True, torch built with oneDNN)."""
     if not _ENABLED:
-        _ENABLED.append(os.environ.get("FASTENC_PREPACK", "1") != "0" and torch.backends.mkldnn.is_available())
-    return _ENABLED[0]
+        _ENABLED.extend((os.environ.get("FASTENC_PREPACK", "1") != "0", torch.backends.mkldnn.is_available()))
+    return _ENABLED[0] and (_ENABLED[1] or not onednn)
 
 
 def use_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -97,20 +103,20 @@ def use_packed(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (x.dim() == 2 and x.shape[0] >= min_rows(w) and w.numel() >= MIN_WEIGHT and x.dtype == torch.float32 and w.dtype == torch.float32
             and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
             and not w.is_inference() and not torch.compiler.is_compiling()
-            and _enabled() and registry.backend_allowed("cpu"))
+            and _enabled(onednn=True) and registry.backend_allowed("cpu"))
 
 
 def use_panels(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether y = x @ w.T takes the few-row GEMM on fastenc's own panels (csrc/cpu/gemm.cpp): the conditions of
-    `use_packed` on dtype, device, grad and tracing, 1 to FEW_ROWS rows of x, and the extension loaded (nothing is
+    """Whether y = x @ w.T takes fastenc's GEMM on its own panels (csrc/cpu/gemm.cpp): the conditions of
+    `use_packed` on dtype, device, grad and tracing, at least one row of x, and the extension loaded (nothing is
     built for it). x: (rows, in); w: (out, in)."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= FEW_ROWS and x.stride(1) == 1 and x.dtype == torch.float32 and w.dtype == torch.float32
+    return (x.dim() == 2 and x.shape[0] > 0 and x.stride(1) == 1 and x.dtype == torch.float32 and w.dtype == torch.float32
             and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
             and not w.is_inference() and not torch.compiler.is_compiling() and _enabled()
             and extension.loaded() and registry.backend_allowed("cpu"))
 
 
-def few_rows(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
+def panel_gemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
              out: torch.Tensor | None = None, accumulate: bool = False, gelu: str | None = None) -> torch.Tensor:
     """x @ W.T (+ bias) with W packed by PackCache(panels=True) (n rows): into `out` ((rows, n), unit column
     stride) when given, added to it when accumulate; else a new tensor. gelu ("none": exact, "tanh"): gelu of
@@ -122,7 +128,7 @@ def few_rows(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor |
     return extension.load().gemm_packed(x, panels, n, bias, out, accumulate, gelu)
 
 
-GEMM_EVENT = "fastenc::gemm_packed"  # the profiler name of few_rows (followed by its M x K x N)
+GEMM_EVENT = "fastenc::gemm_packed"  # the profiler name of panel_gemm (followed by its M x K x N)
 
 
 ROW_BUCKET_BITS = 4  # packed GEMMs run on rows rounded up to 1/16 of their power of two (`packed_rows`)

@@ -311,8 +311,13 @@ def masked_lm(name: str, predict, x: torch.Tensor, batch, labels=None, positions
 
 def decode(module, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The tied masked-LM decoder y @ weight.T (+ bias): y (n, hidden), weight (vocab, hidden) the word embedding.
-    In CPU inference it runs on the packed GEMM (fastenc.layers.prepack), the pack cached on `module` and rebuilt
-    when the embedding changes; otherwise the plain GEMM."""
+    In CPU inference it runs on a packed GEMM (fastenc.layers.prepack: the panel GEMM, or oneDNN's while the extension
+    is not loaded), the pack cached on `module` and rebuilt when the embedding changes; otherwise the plain GEMM."""
+    if prepack.use_panels(y, weight):
+        cache = module.__dict__.get("_panels")
+        if cache is None:
+            cache = module.__dict__["_panels"] = prepack.PackCache(panels=True)
+        return prepack.panel_gemm(y, cache.get(weight)[0], weight.shape[0], bias)
     if prepack.use_packed(y, weight):
         cache = module.__dict__.get("_pack")
         if cache is None:

@@ -12,19 +12,24 @@ import _models_hf as _hf
 import fastenc
 from _peft_helpers import peft_model
 from fastenc import testing
-from fastenc.layers import Linear
+from fastenc.layers import Linear, prepack
 
 
-def _packed_parts(lin: Linear) -> int:
-    """Packed weight blocks held by `lin`: oneDNN's (above prepack.FEW_ROWS rows) or the few-row GEMM's panels."""
-    caches = [lin.__dict__.get(k) for k in ("_pack", "_panels")]
-    return sum(len(c.packed) for c in caches if c is not None)
+def _packed_parts(lin: Linear, path: str) -> int:
+    """Packed weight blocks held by `lin` for `path`: fastenc's panels or oneDNN's."""
+    cache = lin.__dict__.get("_panels" if path == "panels" else "_pack")
+    return len(cache.packed) if cache is not None else 0
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_model_after_packing():
+@pytest.mark.parametrize("path", ["panels", "onednn"])
+def test_model_after_packing(monkeypatch, path):
     """BERT run packed, then: state_dict plain and unchanged, deepcopy/pickle, LoRA merge and unmerge,
-    load_state_dict into a packed model, all matching transformers / PEFT."""
+    load_state_dict into a packed model, all matching transformers / PEFT. path: fastenc's panel GEMM, or oneDNN's
+    packed one (as a call takes it with the extension not loaded)."""
+    if path == "onednn":
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("torch built without oneDNN")
+        monkeypatch.setattr(prepack, "use_panels", lambda x, w: False)
     hf = _hf.bert("base", hidden=384, heads=6)   # 384 x 384 blocks: above prepack.MIN_WEIGHT
     ids, mask, types = _hf.text_batch([37, 30], seed=7)  # 67 tokens: above prepack.MIN_TOKENS_SMALL
     fe = fastenc.from_hf(hf)
@@ -32,7 +37,7 @@ def test_model_after_packing():
     with torch.inference_mode():
         ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
         testing.assert_close(fe(ids, mask, types)[mask.bool()], ref[mask.bool()])
-    assert sum(_packed_parts(m) for m in fe.modules() if isinstance(m, Linear)) > 0
+    assert sum(_packed_parts(m, path) for m in fe.modules() if isinstance(m, Linear)) > 0
     state = fe.state_dict()
     assert all(v.layout == torch.strided and torch.equal(v, snap[k]) for k, v in state.items())
     buf = io.BytesIO()

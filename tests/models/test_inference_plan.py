@@ -96,8 +96,12 @@ def test_plan_checks_cu_seqlens_once_and_the_op_still_does():
     assert Plan.make(x, torch.tensor([0, 10], dtype=torch.int32), 4, norm) is None  # grad mode on
 
 
-@pytest.mark.parametrize("rows", [5, 33], ids=["few-row-gemm", "plain-gemm"])
-def test_qkv_attention_reads_q_k_v_in_place(rows):
+@pytest.mark.parametrize("rows,path", [(5, "panels"), (33, "plain"), (140, "panels")],
+                         ids=["panel-gemm", "plain-gemm", "tall-panel-gemm"])
+def test_qkv_attention_reads_q_k_v_in_place(monkeypatch, rows, path):
+    if path == "plain":
+        monkeypatch.setattr(prepack, "use_panels", lambda x, w: False)
+        monkeypatch.setattr(prepack, "use_packed", lambda x, w: False)
     hidden, heads = 48, 3
     lin = Linear(hidden, 3 * hidden)
     with torch.no_grad():
@@ -143,13 +147,24 @@ def test_few_row_gemm_matches_plain(m, k, n):
         testing.assert_close(lin(x.t().contiguous().t()) if m > 1 else lin(x), ref)  # column-major x: plain GEMM
 
 
-def test_few_row_rule_both_sides():
+def test_planes_on_panels():
+    # Linear.planes (the inference QKV outside a plan): one panel GEMM per block of the weight, each plane contiguous
+    extension.load()
+    lin = _linear(96, 150)
+    x = testing.randn(140, 96)
+    with torch.inference_mode():
+        parts = lin.planes(x, 3)
+        assert _panels(lin) == 3 and "_pack" not in lin.__dict__
+    testing.assert_close(torch.cat(parts, 1), F.linear(x.double(), lin.weight.double(), lin.bias.double()))
+    assert all(p.is_contiguous() and p.shape == (140, 50) for p in parts)
+
+
+def test_panel_rule_both_sides():
     extension.load()
     w = torch.empty(64, 32)
     with torch.no_grad():
-        assert prepack.use_panels(torch.empty(prepack.FEW_ROWS, 32), w)
-        assert prepack.use_panels(torch.empty(1, 32), w)
-        assert not prepack.use_panels(torch.empty(prepack.FEW_ROWS + 1, 32), w)
+        for rows in (1, 128, 129, 5000):  # every row count: the few-row loop up to 128, the blocked one above
+            assert prepack.use_panels(torch.empty(rows, 32), w)
         assert not prepack.use_panels(torch.empty(0, 32), w)
         assert not prepack.use_panels(torch.empty(4, 32).double(), w.double())
         assert not prepack.use_panels(torch.empty(32, 4).t(), w)          # column-major x
@@ -158,8 +173,9 @@ def test_few_row_rule_both_sides():
     assert not prepack.use_panels(torch.empty(4, 32), w)                  # grad mode on
     lin = _linear(32, 64)
     with torch.inference_mode():
-        lin(testing.randn(prepack.FEW_ROWS + 1, 32))
-        assert _panels(lin) == 0
+        lin(testing.randn(300, 32))
+        assert _panels(lin) == 1
+        assert "_pack" not in lin.__dict__  # oneDNN's pack only without the extension: no second copy
 
 
 def test_few_row_panels_follow_weight_changes():
@@ -220,6 +236,38 @@ def test_few_row_gemm_thread_ranges_and_prefetch(k, n, m, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("m,k,n", [(129, 67, 151), (300, 2100, 300), (1000, 1031, 40), (257, 5000, 70)],
+                         ids=["129x67x151", "300x2100x300", "1000x1031x40", "257x5000x70"])
+def test_tall_gemm_blocks_bit_for_bit(m, k, n, threads):
+    # Above 128 rows the GEMM runs in row blocks and k blocks of at most 1024 steps (2100: three blocks, 5000:
+    # five), the team splitting the panels or, for a narrow weight (40, 70 columns: under 4 panels a thread), the
+    # row blocks. The sum keeps its order, so the tall result equals the few-row loop's on slices of <= 128 rows
+    # bit for bit, with bias, residual and GELU; and both hold to fp64.
+    ext = extension.load()
+    w, bias = testing.randn(n, k), testing.randn(n)
+    x, acc = testing.randn(m, k), testing.randn(m, n)
+    packed = ext.gemm_pack(w)
+    ref = F.linear(x.double(), w.double(), bias.double())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for gelu in (None, "tanh"):
+            out = testing.randn(m, n + 3)[:, :n].fill_(float("nan"))
+            tall = ext.gemm_packed(x, packed, n, bias, out, False, gelu)
+            tall_acc = ext.gemm_packed(x, packed, n, bias, acc.clone(), True, gelu)
+            rows = [slice(i, min(i + 128, m)) for i in range(0, m, 128)]
+            sliced = torch.cat([ext.gemm_packed(x[r], packed, n, bias, None, False, gelu) for r in rows])
+            sliced_acc = torch.cat([ext.gemm_packed(x[r], packed, n, bias, acc[r].clone(), True, gelu) for r in rows])
+            assert torch.equal(tall, sliced) and torch.equal(tall_acc, sliced_acc)
+            want = ref if gelu is None else F.gelu(ref, approximate="tanh")
+            want_acc = ref + acc.double() if gelu is None else F.gelu(ref + acc.double(), approximate="tanh")
+            testing.assert_close(tall, want)
+            testing.assert_close(tall_acc, want_acc)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("m,k,n", [(1, 7, 3), (16, 33, 41), (7, 96, 152)], ids=["1x7x3", "16x33x41", "7x96x152"])
 def test_few_row_gemm_gelu_epilogue(m, k, n, approximate):
@@ -232,15 +280,17 @@ def test_few_row_gemm_gelu_epilogue(m, k, n, approximate):
     out = testing.randn(m, n + 5)[:, :n].fill_(float("nan"))  # poisoned, rows n + 5 apart
     with torch.inference_mode():
         packed = lin._packed(lin.weight, panels=True)[0]
-        got = prepack.few_rows(x, packed, n, lin.bias, out, gelu=approximate)
+        got = prepack.panel_gemm(x, packed, n, lin.bias, out, gelu=approximate)
         testing.assert_close(got, ref)
         assert got.data_ptr() == out.data_ptr()
         plan = Plan(extension.load(), torch.tensor([0, m], dtype=torch.int32), m, False)
         testing.assert_close(plan.linear_gelu(lin, x, approximate), ref)
-        big = testing.randn(prepack.FEW_ROWS + 1, k)  # past FEW_ROWS: the GEMM, then the GELU kernel
-        testing.assert_close(plan.linear_gelu(lin, big, approximate),
-                             F.gelu(F.linear(big.double(), lin.weight.double(), lin.bias.double()),
-                                    approximate=approximate))
+        big = testing.randn(300, k)  # a tall x: the blocked loop, the GELU after the last k block
+        big_ref = F.gelu(F.linear(big.double(), lin.weight.double(), lin.bias.double()), approximate=approximate)
+        testing.assert_close(plan.linear_gelu(lin, big, approximate), big_ref)
+        with pytest.MonkeyPatch.context() as mp:  # the plain GEMM, then the GELU kernel
+            mp.setattr(prepack, "use_panels", lambda x, w: False)
+            testing.assert_close(plan.linear_gelu(lin, big, approximate), big_ref)
     with pytest.raises(RuntimeError, match="gemm_packed: gelu must be None, 'none' or 'tanh', got 'erf'"):
         extension.load().gemm_packed(x, packed, n, None, None, False, "erf")
 

@@ -9,6 +9,7 @@ import torch
 import fastenc
 import _models_hf as _hf
 from fastenc import testing
+from fastenc.layers import prepack
 
 # every accelerate() call here must run the fastenc path (a fallback to transformers fails the test)
 pytestmark = pytest.mark.filterwarnings("error::fastenc.models.hf.FallbackWarning")
@@ -162,10 +163,16 @@ def test_tied_decoder_round_trip(tmp_path, arch):
     _close(again(*text), ref, tol=0)
 
 
+@pytest.mark.parametrize("path", ["panels", "onednn"])
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
-def test_packed_decoder_in_inference(arch):
-    """A vocabulary large enough for the packed CPU GEMM (fastenc.layers.prepack): same logits, and the pack
-    follows an in-place change of the embedding."""
+def test_packed_decoder_in_inference(monkeypatch, arch, path):
+    """A vocabulary large enough for the packed CPU GEMM (fastenc.layers.prepack: fastenc's panels, or oneDNN's as a
+    call takes it with the extension not loaded): same logits, and the pack follows an in-place change of the
+    embedding."""
+    if path == "onednn":
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("torch built without oneDNN")
+        monkeypatch.setattr(prepack, "use_panels", lambda x, w: False)
     t = _hf.transformers
     small = dict(vocab_size=2111, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=72,
                  attn_implementation="eager")
@@ -186,7 +193,7 @@ def test_packed_decoder_in_inference(arch):
             _close(out[m], ref[m])
             hf.get_input_embeddings().weight.mul_(1.5)  # shared with fe: the next call must repack
     head = fe.mlm if arch == "bert" else fe.head
-    assert head.__dict__.get("_pack") is not None  # the packed path ran
+    assert head.__dict__.get("_panels" if path == "panels" else "_pack") is not None  # the packed path ran
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])
