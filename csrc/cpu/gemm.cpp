@@ -26,7 +26,7 @@
 // its order: y[i][j] = bias + y_old + sum over k ascending, bit for bit the unblocked result. A tall x against a
 // narrow weight (under kMinPanelsPerThread panels a thread) splits the row blocks over the threads instead of the
 // panels. Two threads, 12 layers' weights cycled (python -m fastenc.benchmark.gemm_pack --threads 2 --layers 12),
-// at 3200 rows the better of MKL's sgemm and oneDNN's packed GEMM took 1.09x the blocked GEMM's time and 0.87x the
+// quiet VM, at 3200 rows the better of MKL's sgemm and oneDNN's packed GEMM took 1.09x the blocked GEMM's time and 0.87x the
 // unblocked one's at K = 768 x N = 768, 1.00x and 0.89x at K = 3072 x N = 768; 512-step k blocks lost to 1024-step
 // ones (0.98-1.03x against 1.00-1.09x).
 // Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so

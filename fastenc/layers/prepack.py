@@ -24,10 +24,14 @@ With fastenc's extension loaded (any model forward loads it), neither runs: fast
 single-threaded with thread CPU time (python -m fastenc.benchmark.gemm_pack --threads 1, BERT-base's and MiniLM's
 shapes; load ~10): at 16 rows it took 0.66-0.90x the time of the better of MKL's sgemm and oneDNN's packed GEMM, at
 1 row 0.64-1.12x (1.12x at 1 x 3072 x 768 only), at 32-64 rows 0.69-0.93x, at 128 rows 0.80-0.97x. Above 128 rows it
-blocks x by rows and K (gemm.cpp, "Blocking"); on two threads, cycling through 12 layers' weights (`--threads 2
---layers 12 --tokens 256,1024,3200`, bench/results/latency/gemm_pack_tall.json), the better of sgemm and oneDNN took
-1.00-1.22x its time at every BERT-base and MiniLM shape (1.08-1.22x at 256 rows, 1.02-1.17x at 1024, 1.00-1.13x at
-3200), and oneDNN's packed GEMM lost to the plain sgemm at 1024 and 3200 rows. It also does the residual form
+blocks x by rows and K (gemm.cpp, "Blocking"). On two threads, cycling through 12 layers' weights (`--threads 2
+--layers 12`), the better of sgemm and oneDNN took 1.00-1.22x its time at every BERT-base and MiniLM shape at 256,
+1024 and 3200 rows on a quiet VM (GEMM rates 150-190 GFLOP/s), and oneDNN's packed GEMM lost to the plain sgemm at
+1024 and 3200 rows; the run from a clean tree (bench/results/latency/gemm_pack_tall.json, f07cd1c), in a noisier
+phase of the VM (105-186 GFLOP/s), gave 0.86-1.24x at 256-3200 rows (median 1.07x; the panels behind at 7 of 21
+cases, by 1-14 %) and 1.00-1.42x at 128. Whole models (bench/panel_rule_ab.py, f07cd1c, one process): BERT-base's
+forward with the panels at every row count took 1/1.08 of the time it took with them up to 128 rows only, at
+8 x 128 and variable length alike (bench/results/models-panels-f07cd1c/panel_rule_ab.txt). It also does the residual form
 out += x @ W.T in place and takes the bias and the MLP's GELU into its epilogue. The oneDNN path is what a call takes
 with the extension not loaded (and FASTENC_PREPACK not "0").
 
