@@ -1,7 +1,9 @@
-"""The per-forward CPU inference plan of BERT's layer loop (fastenc.layers.inference) and the few-row GEMM
+"""The per-forward CPU inference plan of BERT's layer loop (fastenc.layers.inference) and the panel GEMM
 (fastenc.layers.prepack.use_panels, csrc/cpu/gemm.cpp): outputs held to transformers and to the public ops, the
 plan taken only where it applies, cu_seqlens checked once by the plan and still by the public op."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -213,6 +215,24 @@ def test_few_row_gemm_bad_input_is_named():
         ext.gemm_pack(w.double())
 
 
+def _gemm_case(m: int, k: int, n: int):
+    """The extension, a random (n, k) weight's panels, bias (n,), x (m, k), a residual (m, n) and x W^T + b in fp64."""
+    ext = extension.load()
+    w, bias = testing.randn(n, k), testing.randn(n)
+    x, acc = testing.randn(m, k), testing.randn(m, n)
+    return ext, ext.gemm_pack(w), bias, x, acc, F.linear(x.double(), w.double(), bias.double())
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [1, 5, 7, 16, 24, 25, 61, 127, 128])
 @pytest.mark.parametrize("k,n", [(67, 151), (1031, 4005)], ids=["67x151", "1031x4005"])
@@ -221,19 +241,11 @@ def test_few_row_gemm_thread_ranges_and_prefetch(k, n, m, threads):
     # threshold from 1 row) and whatever the row blocks' prefetch of the next panel (the first 4 row blocks, the
     # whole next panel over 1-4 of them): odd k, a partial last panel, 1-4 and more row blocks (a partial last one
     # at 25, 61 and 127 rows), into a poisoned strided output, with bias and residual.
-    ext = extension.load()
-    w, bias = testing.randn(n, k), testing.randn(n)
-    x, acc = testing.randn(m, k), testing.randn(m, n)
-    packed = ext.gemm_pack(w)
-    ref = F.linear(x.double(), w.double(), bias.double())
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    ext, packed, bias, x, acc, ref = _gemm_case(m, k, n)
+    with _threads(threads):
         out = testing.randn(m, n + 3)[:, :n].fill_(float("nan"))
         testing.assert_close(ext.gemm_packed(x, packed, n, bias, out, False, None), ref)
         testing.assert_close(ext.gemm_packed(x, packed, n, bias, acc.clone(), True, None), ref + acc.double())
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -244,14 +256,8 @@ def test_tall_gemm_blocks_bit_for_bit(m, k, n, threads):
     # five), the team splitting the panels or, for a narrow weight (40, 70 columns: under 4 panels a thread), the
     # row blocks. The sum keeps its order, so the tall result equals the few-row loop's on slices of <= 128 rows
     # bit for bit, with bias, residual and GELU; and both hold to fp64.
-    ext = extension.load()
-    w, bias = testing.randn(n, k), testing.randn(n)
-    x, acc = testing.randn(m, k), testing.randn(m, n)
-    packed = ext.gemm_pack(w)
-    ref = F.linear(x.double(), w.double(), bias.double())
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    ext, packed, bias, x, acc, ref = _gemm_case(m, k, n)
+    with _threads(threads):
         for gelu in (None, "tanh"):
             out = testing.randn(m, n + 3)[:, :n].fill_(float("nan"))
             tall = ext.gemm_packed(x, packed, n, bias, out, False, gelu)
@@ -264,8 +270,6 @@ def test_tall_gemm_blocks_bit_for_bit(m, k, n, threads):
             want_acc = ref + acc.double() if gelu is None else F.gelu(ref + acc.double(), approximate="tanh")
             testing.assert_close(tall, want)
             testing.assert_close(tall_acc, want_acc)
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
