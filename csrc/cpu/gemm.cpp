@@ -26,9 +26,9 @@
 // its order: y[i][j] = bias + y_old + sum over k ascending, bit for bit the unblocked result. A tall x against a
 // narrow weight (under kMinPanelsPerThread panels a thread) splits the row blocks over the threads instead of the
 // panels. Two threads, 12 layers' weights cycled (python -m fastenc.benchmark.gemm_pack --threads 2 --layers 12),
-// quiet VM, at 3200 rows the better of MKL's sgemm and oneDNN's packed GEMM took 1.09x the blocked GEMM's time and 0.87x the
-// unblocked one's at K = 768 x N = 768, 1.00x and 0.89x at K = 3072 x N = 768; 512-step k blocks lost to 1024-step
-// ones (0.98-1.03x against 1.00-1.09x).
+// quiet VM, at 3200 rows the better of MKL's sgemm and oneDNN's packed GEMM took 1.09x the blocked GEMM's time and
+// 0.87x the unblocked one's at K = 768 x N = 768, 1.00x and 0.89x at K = 3072 x N = 768; 512-step k blocks lost to
+// 1024-step ones (0.98-1.03x against 1.00-1.09x).
 // Epilogue: the bias is the accumulators' start value and the residual (accumulate) is added before the k loop, so
 // y = x W^T + bias + y_old leaves the registers once; with an activation (the MLP's first projection) each row
 // block's GELU runs on its just-stored MR x NW tile while it is still in L1 (fast_math.h's fm_gelu_erf / tanh, the
@@ -239,18 +239,18 @@ void panel_range(const float* x, int64_t m, int64_t k, int64_t ldx, const float*
 void gemm_packed(const float* x, int64_t m, int64_t k, int64_t ldx, const float* wp, int64_t n, const float* bias,
                  float* y, int64_t ldy, bool accumulate, int num_threads, GemmActivation act) {
   const int64_t panels = (n + NW - 1) / NW, panel_len = k * NW;
-  const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && (panels > 1 || m > kTallRows)
-                     ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
   // Tall x (module comment, "Blocking"): k blocks of at most kBlockK steps (equal lengths), row blocks of the rows
   // whose k block fills kBlockXBytes; up to kTallRows rows one block of each, the loop of the few-row GEMM.
-  const int64_t kblocks = m > kTallRows ? (k + kBlockK - 1) / kBlockK : 1;
+  const bool tall = m > kTallRows;
+  const int nt = worth_parallel(m * n * k, kParallelMinGemmFmas) && (panels > 1 || tall)
+                     ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
+  const int64_t kblocks = tall ? (k + kBlockK - 1) / kBlockK : 1;
   const int64_t kc = (k + kblocks - 1) / kblocks;
-  const int64_t mc = m > kTallRows
-      ? std::max<int64_t>(MR, kBlockXBytes / (int64_t(sizeof(float)) * kc) / MR * MR) : m;
+  const int64_t mc = tall ? std::max<int64_t>(MR, kBlockXBytes / (int64_t(sizeof(float)) * kc) / MR * MR) : m;
   const int64_t row_blocks = (m + mc - 1) / mc;
   // A tall x with under kMinPanelsPerThread panels a thread (a narrow weight, many threads): the team splits the
   // row blocks instead, each thread taking every panel over its rows.
-  const bool split_rows = m > kTallRows && panels < kMinPanelsPerThread * nt && row_blocks > 1;
+  const bool split_rows = tall && panels < kMinPanelsPerThread * nt && row_blocks > 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     // Each thread one contiguous, balanced range of panels, streamed in address order (or of row blocks).

@@ -5,10 +5,11 @@ For each model linear shape (K in, N out) and token count M, times y = x @ W.T +
 by round in one process: `plain` (torch.addmm into a preallocated output, fastenc's unpacked path), `packed`
 (oneDNN on the weight packed once, fastenc.layers.prepack.linear), and the residual form out += x @ W.T:
 `plain-acc` (addmm_ with beta 1) vs `packed-acc` (oneDNN's binary add post-op into a new tensor); and fastenc's
-GEMM on its own panels (`panels`, `panels-acc`: prepack.panel_gemm, the rule prepack.use_panels). Reports medians, the paired ratios plain/packed (median over rounds; > 1: packing wins)
-and best-of(plain, packed)/panels (> 1: the panels win) with their 20-80% spread, GFLOP/s, and the max relative
-difference packed vs plain. With --threads 1 the samples are the calling thread's CPU time (time.thread_time: little
-moved by other load on the machine), else wall time. With --layers L each case has L distinct weights and the calls
+GEMM on its own panels (`panels`, `panels-acc`: prepack.panel_gemm, the rule prepack.use_panels). Reports medians,
+the paired ratios plain/packed (median over rounds; > 1: packing wins) and best-of(plain, packed)/panels (> 1: the
+panels win) with their 20-80% spread, GFLOP/s, and the max relative difference packed vs plain. With --threads 1
+the samples are the calling thread's CPU time (time.thread_time: little moved by other load on the machine), else
+wall time. With --layers L each case has L distinct weights and the calls
 of a sample cycle through them, so a weight comes from memory as in a forward over L layers (BERT-base's 12 layers
 hold 340 MB) rather than from the cache as one weight called again and again does (L = 1, the default).
 
@@ -80,11 +81,10 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0, layers: int = 1)
         ratios = sorted(x / y for x, y in zip(samples[a], samples[p]))
         row[f"{a}/{p}"] = statistics.median(ratios)
         row[f"{a}/{p} q20-q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
-    if "panels" in samples:
-        best = [min(a, p) for a, p in zip(samples["plain"], samples["packed"])]
-        ratios = sorted(x / y for x, y in zip(best, samples["panels"]))
-        row["best/panels"] = statistics.median(ratios)
-        row["best/panels q20-q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
+    best = [min(a, p) for a, p in zip(samples["plain"], samples["packed"])]
+    ratios = sorted(x / y for x, y in zip(best, samples["panels"]))
+    row["best/panels"] = statistics.median(ratios)
+    row["best/panels q20-q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
     return row
 
 
@@ -127,9 +127,8 @@ def main(argv=None) -> int:
                       f"{r['packed_gflops']:6.1f} GF/s  plain/packed {r['plain/packed']:.2f} "
                       f"[{r['plain/packed q20-q80'][0]:.2f}, {r['plain/packed q20-q80'][1]:.2f}]  acc "
                       f"{r['plain-acc/packed-acc']:.2f}  rel diff {r['max_rel_diff']:.1e}"
-                      + (f"  panels {r['panels_gflops']:6.1f} GF/s  best/panels {r['best/panels']:.2f} "
-                         f"[{r['best/panels q20-q80'][0]:.2f}, {r['best/panels q20-q80'][1]:.2f}]"
-                         if "best/panels" in r else ""), flush=True)
+                      f"  panels {r['panels_gflops']:6.1f} GF/s  best/panels {r['best/panels']:.2f} "
+                      f"[{r['best/panels q20-q80'][0]:.2f}, {r['best/panels q20-q80'][1]:.2f}]", flush=True)
     if a.out:
         meta = report.metadata("cpu", torch.float32, False)
         meta.update(threads=torch.get_num_threads(), min_tokens=prepack.MIN_TOKENS,

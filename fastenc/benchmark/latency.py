@@ -89,8 +89,8 @@ def breakdown(call: Callable[[], object], calls: int = 5) -> dict:
 
 def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = None) -> dict:
     """Time each 'MxKxN' GEMM alone (fp32, random data): plain torch.addmm into a preallocated output and the
-    prepacked oneDNN linear, and (the extension loaded) fastenc's panel GEMM on its panels, interleaved; returns the sum over shapes of count x median for each, in ms (a path a shape does not
-    have counts as plain)."""
+    prepacked oneDNN linear, and (the extension loaded) fastenc's panel GEMM on its panels, interleaved; returns
+    the sum over shapes of count x median for each, in ms (a path a shape does not have counts as plain)."""
     from fastenc import extension
     from fastenc.layers import prepack
 

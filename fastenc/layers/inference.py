@@ -84,7 +84,7 @@ class Plan:
         w, b = wqkv.weight, wqkv.bias
         if prepack.use_panels(x, w):
             y = prepack.panel_gemm(x, wqkv._packed(w, panels=True)[0], 3 * hidden, b,
-                                 extension.buffer_empty((t, 3 * hidden), x))
+                                   extension.buffer_empty((t, 3 * hidden), x))
         elif prepack.use_packed(x, w):
             y = prepack.linear(x, wqkv._packed(w)[0], b)
         else:
@@ -118,7 +118,7 @@ class Plan:
         w = fc.weight
         if prepack.use_panels(x, w):
             return prepack.panel_gemm(x, fc._packed(w, panels=True)[0], fc.out_features, fc.bias,
-                                    extension.buffer_empty((x.shape[0], fc.out_features), x), gelu=approximate)
+                                      extension.buffer_empty((x.shape[0], fc.out_features), x), gelu=approximate)
         h = fc(x, with_bias=False)
         with self._named("fastenc::gelu_out"):
             self.ext.gelu_out(h, fc.bias, approximate, h)
@@ -136,7 +136,7 @@ def pre_norm_block(plan: Plan, layer, h: torch.Tensor, rope: tuple, approximate:
     w = a.Wqkv.weight
     if prepack.use_panels(y, w):
         qkv = prepack.panel_gemm(y, a.Wqkv._packed(w, panels=True)[0], 3 * hidden, a.Wqkv.bias,
-                               extension.buffer_empty((t, 3 * hidden), y))
+                                 extension.buffer_empty((t, 3 * hidden), y))
     else:
         qkv = a.Wqkv(y)
     q, k, v = qkv.view(t, 3, a.heads, hidden // a.heads).unbind(1)

@@ -39,7 +39,7 @@ class Linear(nn.Module):
         w = self.weight
         if prepack.use_panels(x, w):
             return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, bias,
-                                    extension.buffer_empty((x.shape[0], self.out_features), x))
+                                      extension.buffer_empty((x.shape[0], self.out_features), x))
         if prepack.use_packed(x, w):
             return prepack.linear(x, self._packed(w)[0], bias)
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"

@@ -31,9 +31,9 @@ blocks x by rows and K (gemm.cpp, "Blocking"). On two threads, cycling through 1
 phase of the VM (105-186 GFLOP/s), gave 0.86-1.24x at 256-3200 rows (median 1.07x; the panels behind at 7 of 21
 cases, by 1-14 %) and 1.00-1.42x at 128. Whole models (bench/panel_rule_ab.py, f07cd1c, one process): BERT-base's
 forward with the panels at every row count took 1/1.08 of the time it took with them up to 128 rows only, at
-8 x 128 and variable length alike (bench/results/models-panels-f07cd1c/panel_rule_ab.txt). It also does the residual form
-out += x @ W.T in place and takes the bias and the MLP's GELU into its epilogue. The oneDNN path is what a call takes
-with the extension not loaded (and FASTENC_PREPACK not "0").
+8 x 128 and variable length alike (bench/results/models-panels-f07cd1c/panel_rule_ab.txt). It also does the residual
+form out += x @ W.T in place and takes the bias and the MLP's GELU into its epilogue. The oneDNN path is what a call
+takes with the extension not loaded (and FASTENC_PREPACK not "0").
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
@@ -121,7 +121,7 @@ def use_panels(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def panel_gemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
-             out: torch.Tensor | None = None, accumulate: bool = False, gelu: str | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, accumulate: bool = False, gelu: str | None = None) -> torch.Tensor:
     """x @ W.T (+ bias) with W packed by PackCache(panels=True) (n rows): into `out` ((rows, n), unit column
     stride) when given, added to it when accumulate; else a new tensor. gelu ("none": exact, "tanh"): gelu of
     that, in the GEMM's epilogue. x: (rows, in) fp32, unit column stride.
