@@ -49,6 +49,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None, help="train: timed rounds per workload (default 3; quick 2)")
     p.add_argument("--attention-dropout", default="config", help="train: 'config' (the models' own attention-"
                    "probability dropout, BERT 0.1; default) or 'off' (0 for every provider)")
+    p.add_argument("--optimizer", default="adamw_torch_fused",
+                   help="train: the AdamW every provider steps with, by transformers' name: adamw_torch_fused "
+                        "(torch.optim.AdamW(fused=True), the Trainer's default; default) or adamw_torch")
     p.add_argument("--passages", type=int, default=20000, help="embed: passages to embed (default 20000)")
     p.add_argument("--memory-sizes", default=None, help="embed: comma-separated corpus sizes whose peak memory is "
                    "measured in fresh processes (default 10000,40000; none with --quick; 0 for none)")
@@ -135,7 +138,8 @@ def _run_suite(args, suite, device, dtype, out):
         return bench_train(quick=args.quick, out=out, models=_split(args.models), modes=_split(args.modes),
                            providers=_split(args.providers), compile_hf=not args.no_compile,
                            plots=not args.no_plots, note=args.note, repeats=args.repeats,
-                           attention_dropout=args.attention_dropout, workloads=_split(args.workloads))
+                           attention_dropout=args.attention_dropout, workloads=_split(args.workloads),
+                           optimizer=args.optimizer)
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),

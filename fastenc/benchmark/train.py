@@ -16,6 +16,11 @@ interleaved (ABAB) and the paired ratio is the median of the per-round ratios. P
 training step after the warm-up steps (optimizer state already allocated), sampled every millisecond
 (fastenc.benchmark.timing.peak_memory). Before timing, each provider's eval-mode logits are checked against
 transformers' (max abs error recorded).
+
+Optimizer (the same for every provider): by default torch.optim.AdamW(fused=True), the one transformers' Trainer
+builds by default (`optim="adamw_torch_fused"`); `--optimizer adamw_torch` takes torch.optim.AdamW with its
+default implementation instead (on CPU a loop of ~10 elementwise passes per parameter: ~0.6 s a step for
+ModernBERT-base's 149M parameters on 2 threads, against ~0.06 s fused), the setting of the results before the option.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ LORA = {"bert": ["query", "value"], "modernbert": ["Wqkv"], "vit": ["q_proj", "v
 BASELINE = {"full": "hf-sdpa", "lora": "hf-sdpa+peft"}
 WORKLOADS = ("fixed", "varlen")
 LR = 1e-4
+# --optimizer: transformers' TrainingArguments.optim names -> the keyword arguments of torch.optim.AdamW.
+OPTIMIZERS = {"adamw_torch_fused": {"fused": True}, "adamw_torch": {}}
 # The config key of the attention-probability dropout, per benchmark model.
 ATTENTION_DROPOUT = {"bert-base": "attention_probs_dropout_prob", "modernbert-base": "attention_dropout",
                      "vit-b16": "attention_probs_dropout_prob"}
@@ -138,9 +145,10 @@ def _check(models: dict, inputs: dict, ref_name: str) -> dict[str, float]:
     return {p: (float((o - ref).abs().max()) if ref is not None else float("nan")) for p, o in outs.items()}
 
 
-def _stepper(model: torch.nn.Module, own: bool, inputs: dict, labels: torch.Tensor) -> Callable[[], float]:
+def _stepper(model: torch.nn.Module, own: bool, inputs: dict, labels: torch.Tensor,
+             optimizer: str = "adamw_torch_fused") -> Callable[[], float]:
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=LR)
+    opt = torch.optim.AdamW(params, lr=LR, **OPTIMIZERS[optimizer])
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
@@ -163,7 +171,8 @@ def _write(out: Path, meta: dict, providers: list[str], results: list[dict], com
 
 def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
              tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict],
-             attention_dropout: str = "config", workloads: list[str] | None = None) -> dict:
+             attention_dropout: str = "config", workloads: list[str] | None = None,
+             optimizer: str = "adamw_torch_fused") -> dict:
     """One model x mode: rows per provider x workload (those in `workloads`, default all) with throughput, ratios
     to the baseline, peak memory (the files in `out` rewritten after each workload, with the finished `results`
     before this case)."""
@@ -176,7 +185,7 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
     errors = _check(models, next(iter(loads.values()))[0], base) if loads else {}
     rows = []
     for w, (inputs, labels, units, desc) in loads.items():
-        steps = {p: _stepper(m, own, inputs, labels) for p, (m, own) in models.items()}
+        steps = {p: _stepper(m, own, inputs, labels, optimizer) for p, (m, own) in models.items()}
         for p, s in steps.items():  # warm-up (and compilation) outside the timing
             s()
         mem = {p: timing.peak_memory(s)[0] for p, s in steps.items()}
@@ -204,10 +213,12 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
 
 def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
                 plots: bool = True, note: str | None = None, repeats: int | None = None,
-                attention_dropout: str = "config", workloads: list[str] | None = None) -> dict:
+                attention_dropout: str = "config", workloads: list[str] | None = None,
+                optimizer: str = "adamw_torch_fused") -> dict:
     """Every model x mode; repeats: timed rounds per workload (default 2 with quick, else 3: a BERT-base step
     takes seconds to tens of seconds on a few CPU cores); attention_dropout: "config" (the models' own) or
-    "off" (0 for every provider); workloads: of "fixed", "varlen" (default both; ViT-B/16 has only fixed)."""
+    "off" (0 for every provider); workloads: of "fixed", "varlen" (default both; ViT-B/16 has only fixed);
+    optimizer: a key of OPTIMIZERS (transformers' name for it), the same for every provider."""
     from tqdm import tqdm
 
     names = models or (["bert-base"] if quick else list(MODELS))
@@ -222,6 +233,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
         raise UsageError(f"--workloads: unknown {bad}; known for train: fixed, varlen")
     if attention_dropout not in ("config", "off"):
         raise UsageError(f"--attention-dropout: must be 'config' or 'off', got {attention_dropout!r}")
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer: must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
     providers = providers or (["fastenc", "hf-sdpa", "hf-sdpa+peft"] + (["hf-compile"] if compile_hf and not quick
                                                                           else []))
 
@@ -233,7 +246,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
         raise UsageError(f"--repeats must be >= 1, got {repeats}")
     meta = report.metadata("cpu", torch.float32, quick)
     meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR,
-                optimizer="torch.optim.AdamW (foreach default)",
+                optimizer=optimizer, optimizer_kwargs=OPTIMIZERS[optimizer],
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
                 lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout,
                 workloads=workloads or list(WORKLOADS))
@@ -245,7 +258,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
         for mode in modes:
             bar.set_postfix_str(f"{n} {mode}")
             res = run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh, out=out,
-                           meta=meta, results=results, attention_dropout=attention_dropout, workloads=workloads)
+                           meta=meta, results=results, attention_dropout=attention_dropout, workloads=workloads,
+                           optimizer=optimizer)
             results.append(res)
             bar.update(1)
     bar.close()

@@ -15,6 +15,7 @@ def test_train_cli_quick(tmp_path):
     assert rc == 0
     data = json.loads((tmp_path / "train.json").read_text())
     assert data["attention_dropout"] == "config"
+    assert data["optimizer"] == "adamw_torch_fused" and data["optimizer_kwargs"] == {"fused": True}  # Trainer's
     assert data["suite"] == "train" and data["commit"] and data["machine"]["cpu"] and "RSS" in data["memory"]
     rows = {(r["mode"], r["workload"], r["provider"]): r for r in data["rows"]}
     want = {(m, w, p) for w in ("fixed", "varlen") for m, ps in (("full", ("fastenc", "hf-sdpa")),
@@ -42,13 +43,16 @@ def test_train_cli_bad_selection(tmp_path, capsys):
     assert "--attention-dropout: must be 'config' or 'off', got '0.2'" in capsys.readouterr().err
     assert cli.main(["bench", "train", "--quick", "--workloads", "fixed,latency", "--out", str(tmp_path)]) == 2
     assert "--workloads: unknown ['latency']; known for train: fixed, varlen" in capsys.readouterr().err
+    assert cli.main(["bench", "train", "--quick", "--optimizer", "sgd", "--out", str(tmp_path)]) == 2
+    assert "--optimizer: must be one of ['adamw_torch_fused', 'adamw_torch'], got 'sgd'" in capsys.readouterr().err
 
 
 def test_train_cli_runs_the_workloads_asked_for(tmp_path):
     rc = cli.main(["bench", "train", "--quick", "--repeats", "1", "--no-plots", "--modes", "full", "--workloads",
-                   "varlen", "--out", str(tmp_path)])
+                   "varlen", "--optimizer", "adamw_torch", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "train.json").read_text())
+    assert data["optimizer"] == "adamw_torch" and data["optimizer_kwargs"] == {}
     assert data["workloads"] == ["varlen"]
     assert {(r["mode"], r["workload"]) for r in data["rows"]} == {("full", "varlen")}
     assert {r["provider"] for r in data["rows"]} == {"fastenc", "hf-sdpa"}
