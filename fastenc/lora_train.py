@@ -30,6 +30,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers.dropout import dropout
 from fastenc.layers.linear import Linear
+from fastenc.layers.steps import optimizer_steps
 
 _PART_KEYS = ("q", "k", "v")  # the thirds of a fused Wqkv; "w" = the whole output
 # PEFT's task types whose head is saved (modules_to_save) by default, by fastenc task, and the module names each
@@ -70,8 +71,8 @@ class LoraAdapter(nn.Module):
         part can take a gradient)."""
         params = [t for key, *_ in self.parts for t in (self.lora_A[key], self.lora_B[key])]
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
-        tag = (dtype, params[0].device, torch.is_inference_mode_enabled(),
-               tuple((id(t), t._version) for t in params))
+        tag = (dtype, params[0].device, torch.is_inference_mode_enabled(), optimizer_steps(),
+               tuple((id(t), t._version) for t in params))  # (fused optimizers bump no version: layers/steps.py)
         if not grad and self._cache is not None and self._cache[0] == tag:
             return self._cache[1]
         a_list = [self.lora_A[key] for key, *_ in self.parts]

@@ -37,7 +37,8 @@ takes with the extension not loaded (and FASTENC_PREPACK not "0").
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
-storage pointer and its version counter, so an in-place write (LoRA merge/unmerge, load_state_dict, an optimizer
+storage pointer, its version counter and the count of optimizer steps (fastenc/layers/steps.py: torch's fused
+optimizers bump no version counter), so an in-place write (LoRA merge/unmerge, load_state_dict, any optimizer
 step), a move or a replaced parameter rebuilds it at the next call. It costs a second copy of each packed weight.
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ import weakref
 import torch
 
 from fastenc import extension, registry
+from fastenc.layers.steps import optimizer_steps
 
 MIN_TOKENS = 16  # rows of x from which a large weight's GEMM is packed (the measured crossover; module docstring)
 MIN_TOKENS_SMALL = 64  # rows from which a weight under LARGE_WEIGHT elements is packed
@@ -69,17 +71,18 @@ class PackCache:
     __slots__ = ("ref", "ptr", "version", "parts", "packed", "panels")
 
     def __init__(self, panels: bool = False):
-        self.ref, self.ptr, self.version, self.parts, self.packed, self.panels = None, 0, -1, 0, (), panels
+        self.ref, self.ptr, self.version, self.parts, self.packed, self.panels = None, 0, None, 0, (), panels
 
     def get(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
         """w: (out, in) fp32 -> `parts` packed (out/parts, in) blocks, [w_0; w_1; ...] in row order."""
-        if (self.ref is None or self.ref() is not w or self.ptr != w.data_ptr() or self.version != w._version
+        version = (w._version, optimizer_steps())
+        if (self.ref is None or self.ref() is not w or self.ptr != w.data_ptr() or self.version != version
                 or self.parts != parts):
             blocks = w.detach().view(parts, w.shape[0] // parts, w.shape[1]).unbind(0)
             pack = extension.load().gemm_pack if self.panels else (
                 lambda b: torch.ops.mkldnn._reorder_linear_weight(b, None))
             self.packed = tuple(pack(b.contiguous()) for b in blocks)
-            self.ref, self.ptr, self.version, self.parts = weakref.ref(w), w.data_ptr(), w._version, parts
+            self.ref, self.ptr, self.version, self.parts = weakref.ref(w), w.data_ptr(), version, parts
         return self.packed
 
     def clear(self) -> None:

@@ -31,6 +31,7 @@ import warnings
 
 import torch
 
+from fastenc.layers.steps import optimizer_steps
 from fastenc.models import architecture, heads
 from fastenc.models.loading import SUPPORTED, from_hf
 
@@ -244,13 +245,15 @@ def _weights(self, fe):
 
 def _refresh(self, fe, entries) -> None:
     """Copy transformers' parameters into fe's tensors that are not the same memory, when they changed since the
-    last copy (their version counters: an optimizer step or load_state_dict bumps them)."""
+    last copy (their version counters, which load_state_dict and most in-place writes bump, and the count of optimizer
+    steps: torch's fused optimizers bump no version counter, fastenc/layers/steps.py)."""
     params = dict(self.named_parameters(remove_duplicate=False))  # (tied weights under each of their names)
     seen = self.__dict__.setdefault("_fastenc_versions", {})
     mine = dict(fe.named_parameters(remove_duplicate=False))  # (tied weights under each of their names)
     stale = []
+    steps = optimizer_steps()
     for fe_name, hs, kind in entries:
-        key = tuple((params[h]._version, params[h].data_ptr()) for h in hs)
+        key = (steps,) + tuple((params[h]._version, params[h].data_ptr()) for h in hs)
         if seen.get(fe_name) != key:
             p = mine[fe_name]
             if kind != "copy" or p.data_ptr() != params[hs[0]].data_ptr():
