@@ -19,8 +19,8 @@ transformers' (max abs error recorded).
 
 Optimizer (the same for every provider): by default torch.optim.AdamW(fused=True), the one transformers' Trainer
 builds by default (`optim="adamw_torch_fused"`); `--optimizer adamw_torch` takes torch.optim.AdamW with its
-default implementation instead (on CPU a loop of ~10 elementwise passes per parameter: ~0.6 s a step for
-ModernBERT-base's 149M parameters on 2 threads, against ~0.06 s fused), the setting of the results before the option.
+default implementation instead (on CPU a loop of elementwise passes per parameter: 4-6x the fused step's time,
+bench/adamw_step.py), the setting of the results before the option.
 """
 from __future__ import annotations
 
