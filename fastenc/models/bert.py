@@ -31,6 +31,7 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.dropout import dropout
+from fastenc.layers.embedding import embedding
 from fastenc.layers.inference import Plan
 from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
@@ -59,7 +60,7 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
-        x = F.embedding(ids, self.word.weight, padding_idx=self.pad)
+        x = embedding(ids, self.word.weight, padding_idx=self.pad)
         if types is None:
             x = x + self.token_type.weight[0]
         else:

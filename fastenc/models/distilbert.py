@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import LayerNorm, Linear, activation
+from fastenc.layers.embedding import embedding
 from fastenc.layers.mlp import check_activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
@@ -108,7 +109,7 @@ class DistilBertEmbeddings(nn.Module):
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """ids, positions: packed (tokens,) -> LN(word[ids] + position[positions]): (tokens, dim)."""
-        x = F.embedding(ids, self.word.weight)
+        x = embedding(ids, self.word.weight)
         x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 

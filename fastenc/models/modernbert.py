@@ -22,6 +22,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.inference import Plan, pre_norm_block
+from fastenc.layers.embedding import embedding
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
@@ -44,7 +45,7 @@ class ModernBertEmbeddings(nn.Module):
         self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.norm(F.embedding(ids, self.tok.weight, padding_idx=self.pad))
+        x = self.norm(embedding(ids, self.tok.weight, padding_idx=self.pad))
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 
 
