@@ -6,6 +6,7 @@ attention kernel is fastenc.ops.attention (backend chosen by the registry).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fastenc import ops
@@ -63,3 +64,51 @@ class SelfAttention(nn.Module):
         extra = {"dropout_p": p} if p > 0 else {}  # (passed only when on: the argument is newer than the op)
         o = ops.attention(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, window=self.window, **extra)
         return o.reshape(t, self.hidden)
+
+    def attend_rows(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rows: torch.Tensor,
+                    rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """attend(x, ...)[rows] for a few query rows (rows int64 (n,), packed indices, e.g. each sequence's first
+        token for a head that reads no other): k and v are projected for every token, q for `rows` only, and each
+        query attends over its own sequence's keys in its window. (n, hidden).
+
+        The n queries run in plain PyTorch (fp32 math, softmax over the visible keys, attention-probability dropout
+        with torch's generator in training), n x keys scores in all; a query whose sequence is empty gets zeros.
+        A Wqkv carrying unmerged adapters runs whole (attend(), then the rows)."""
+        from fastenc.models.padding import gather_rows  # (models import layers)
+
+        if type(self.Wqkv) is not Linear:
+            return gather_rows(self.attend(x, cu_seqlens, max_seqlen, rope), rows)
+        h, heads, d = self.hidden, self.heads, self.head_dim
+        n, t = rows.numel(), x.shape[0]
+        w, b = self.Wqkv.weight, self.Wqkv.bias
+        q = F.linear(gather_rows(x, rows), w[:h], None if b is None else b[:h]).view(n, heads, d)
+        kv = F.linear(x, w[h:], None if b is None else b[h:]).view(t, 2, heads, d)
+        k, v = kv[:, 0], kv[:, 1]
+        if rope is not None:
+            cos, sin, pos = rope
+            q = ops.rope(q, q, cos, sin, position_ids=pos.index_select(0, rows))[0]
+            k = ops.rope(k, k, cos, sin, position_ids=pos)[1]
+        # each query's sequence, its place in it and the keys it sees: [lo, hi) of the sequence
+        cu = cu_seqlens.long()
+        seq = torch.searchsorted(cu, rows, right=True) - 1
+        start, length = cu[seq], cu[seq + 1] - cu[seq]
+        i = rows - start
+        lo = torch.zeros_like(i) if self.window is None else (i - self.window[0]).clamp(min=0)
+        hi = length if self.window is None else torch.minimum(length, i + self.window[1] + 1)
+        span = (hi - lo).clamp(min=0)
+        lk = max(int(span.max()), 1)
+        ar = torch.arange(lk, device=x.device)
+        seen = ar[None, :] < span[:, None]  # (n, lk)
+        kidx = ((start + lo)[:, None] + ar[None, :]).clamp(0, max(t - 1, 0)).flatten()
+        kg = gather_rows(k.reshape(t, h), kidx).view(n, lk, heads, d).float()
+        vg = gather_rows(v.reshape(t, h), kidx).view(n, lk, heads, d).float()
+        s = torch.einsum("nhd,nlhd->nhl", q.float(), kg) * (d ** -0.5)
+        s = s.masked_fill(~seen[:, None, :], float("-inf"))
+        blind = span == 0  # an empty sequence: uniform weights over zeros-to-be, then zeroed
+        s = s.masked_fill(blind[:, None, None], 0.0)
+        p = torch.softmax(s, dim=-1)
+        if self.training and self.dropout > 0:
+            p = F.dropout(p, self.dropout, training=True)
+        o = torch.einsum("nhl,nlhd->nhd", p, vg).reshape(n, h)
+        o = o.masked_fill(blind[:, None], 0.0) if bool(blind.any()) else o
+        return o.to(x.dtype)

@@ -116,9 +116,11 @@ class BertLayer(nn.Module):
 
 
 def _attend(layer: BertLayer, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rows):
-    """(attention output, residual) of a block, both at `rows` only when given (keys and values need every row)."""
-    o = layer.attn.attend(x, cu_seqlens, max_seqlen)
-    return (o, x) if rows is None else (gather_rows(o, rows), gather_rows(x, rows))
+    """(attention output, residual) of a block, both at `rows` only when given (keys and values need every row, the
+    queries those rows only: SelfAttention.attend_rows)."""
+    if rows is None:
+        return layer.attn.attend(x, cu_seqlens, max_seqlen), x
+    return layer.attn.attend_rows(x, cu_seqlens, max_seqlen, rows), gather_rows(x, rows)
 
 
 def run_first_rows(layers, x: torch.Tensor, batch, pos: torch.Tensor, plan: Plan | None = None):

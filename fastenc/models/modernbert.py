@@ -172,15 +172,20 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
             cos, sin = tables[layer.kind]
             window = layer.attn.window
-            if hole_tok is not None and window is not None:
-                o = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
-                fixed = column_attention(layer.attn, y[hole_tok], hole_rows, pos[hole_tok], y, batch.cu_seqlens,
-                                         pos, window, (cos, sin))
-                o = o.index_copy(0, hole_tok, fixed)
+            trim = first_only and i == last  # the rest of the last layer only where the pooling reads
+            holes_here = hole_tok is not None and window is not None
+            if trim and not holes_here:  # queries at the first rows only (keys and values at every token)
+                o = layer.attn.attend_rows(y, batch.cu_seqlens, batch.max_seqlen, batch.first_rows(),
+                                           rope=(cos, sin, pos))
+                h = _first_rows(h, batch)
             else:
                 o = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
-            if first_only and i == last:  # the rest of the last layer only where the pooling reads
-                o, h = _first_rows(o, batch), _first_rows(h, batch)
+                if holes_here:
+                    fixed = column_attention(layer.attn, y[hole_tok], hole_rows, pos[hole_tok], y,
+                                             batch.cu_seqlens, pos, window, (cos, sin))
+                    o = o.index_copy(0, hole_tok, fixed)
+                if trim:
+                    o, h = _first_rows(o, batch), _first_rows(h, batch)
             a = layer.attn.Wo(o, with_bias=False)
             a_bias = layer.attn.Wo.output_bias()
             p = layer.out_dropout()

@@ -107,7 +107,7 @@ class ViTModel(LoraMixin, SaveMixin, nn.Module):
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
             if first_only and i == last:  # keys and values need every token; the rest, the first rows only
                 rows = batch.first_rows()
-                o = gather_rows(layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen), rows)
+                o = layer.attn.attend_rows(y, batch.cu_seqlens, batch.max_seqlen, rows)
                 h = gather_rows(h, rows)
                 a = _dropped(layer.attn.Wo(o, with_bias=p > 0), layer.attn.Wo, p)
             else:
