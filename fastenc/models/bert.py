@@ -12,8 +12,8 @@ Training: parameters require grad; model.train() turns on transformers' dropouts
   classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.heads).
   Without autograd recording (torch.no_grad / inference_mode) and without dropout, the residual adds run in
   place inside the GEMMs; otherwise every step makes new tensors. Sequence classification with labels or under
-  autograd runs the last layer's Wo, norms and MLP on each sequence's first token only (run_first_rows): the
-  classifier reads nothing else.
+  autograd runs the last layer's queries, Wo, norms and MLP on each sequence's first token only (run_first_rows;
+  keys and values at every token): the classifier reads nothing else.
 Parameter names (fastenc side of the weight map, `weight_map` below): embeddings.{word,position,token_type}.weight,
 embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.*, layers.i.mlp.fc1.*,
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
@@ -125,7 +125,8 @@ def _attend(layer: BertLayer, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seq
 
 def run_first_rows(layers, x: torch.Tensor, batch, pos: torch.Tensor, plan: Plan | None = None):
     """run_blocks for a head that reads each sequence's first token only (sequence classification): the last block
-    attends over every token but runs Wo, its norms and its MLP on the first rows (cu_seqlens[:-1]) alone.
+    projects keys and values at every token but its queries, Wo, its norms and its MLP at the first rows
+    (cu_seqlens[:-1]) alone (SelfAttention.attend_rows).
     Returns (first (batch, hidden), batch, None), zeros for an empty sequence as PackedBatch.first_tokens gives."""
     if not len(layers) or batch.total == 0:
         x, batch, _ = run_blocks(layers, x, batch, pos, None, False, False, plan)

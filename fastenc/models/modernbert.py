@@ -137,8 +137,9 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         tokens not contiguous) get their local layers' attention recomputed by columns.column_attention.
 
         first_only=True (without column0 / padded): x is (batch, hidden), each sequence's first real token only
-        (zeros for an empty one): the last layer attends over every token but runs Wo, its norms and its MLP, and the
-        final norm, on those rows alone (cls pooling reads nothing else)."""
+        (zeros for an empty one): the last layer projects keys and values at every token but runs its queries
+        (SelfAttention.attend_rows; not for a sliding window over a mask with holes), Wo, its norms and its MLP, and
+        the final norm, on those rows alone (cls pooling reads nothing else)."""
         cfg = self.config
         input_ids, mask, _ = check_text_inputs(type(self).__name__, input_ids, attention_mask, None,
                                                cfg.vocab_size, cfg.max_position_embeddings)

@@ -8,8 +8,8 @@ layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.fc1,mlp.fc2}, norm, pooler, c
 Training: parameters require grad; model.train() turns on transformers' dropouts (hidden_dropout_prob after the
 embeddings and on the attention and MLP outputs, attention_probs_dropout_prob on the attention probabilities);
 ViTForImageClassification takes labels= and returns transformers' ImageClassifierOutput with the loss.
-The classification head reads the CLS token alone, so its last layer runs Wo, the norms and the MLP (and the final
-norm) on the CLS rows only, after attention over every token (_encode(first_only=True)).
+The classification head reads the CLS token alone, so its last layer runs its queries, Wo, the norms and the MLP
+(and the final norm) on the CLS rows only, keys and values at every token (_encode(first_only=True)).
 """
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ class ViTModel(LoraMixin, SaveMixin, nn.Module):
 
     def _encode(self, pixel_values, first_only: bool = False):
         """(x (images * tokens, hidden) after the final norm, PackedBatch). first_only=True: x is (images, hidden),
-        each image's first token (the CLS token) only: the last layer attends over every token but runs Wo, its
-        norms and its MLP, and the final norm, on those rows alone (what a head reading the CLS token needs)."""
+        each image's first token (the CLS token) only: the last layer projects keys and values at every token but
+        runs its queries (SelfAttention.attend_rows), Wo, its norms and its MLP, and the final norm, on those rows
+        alone (what a head reading the CLS token needs)."""
         pixel_values = self._check(pixel_values)
         b, s = pixel_values.shape[0], self.embeddings.position.shape[1]  # patches + the prepended tokens
         batch = PackedBatch(None, b, s, pixel_values.device)
@@ -105,7 +106,7 @@ class ViTModel(LoraMixin, SaveMixin, nn.Module):
                 y = layer.attn_norm(h)
             else:
                 y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
-            if first_only and i == last:  # keys and values need every token; the rest, the first rows only
+            if first_only and i == last:  # keys and values need every token; the rest, the CLS rows only
                 rows = batch.first_rows()
                 o = layer.attn.attend_rows(y, batch.cu_seqlens, batch.max_seqlen, rows)
                 h = gather_rows(h, rows)
