@@ -31,13 +31,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--models", default=None, help="models: comma-separated names of fastenc.benchmark.models.MODELS "
                    "(bert-base, modernbert-base, vit-b16, deit-base, distilbert-base, ..., minilm)")
     p.add_argument("--same-process", action="store_true",
-                   help="models: run every model in this process (default: one fresh process per model when several run)")
+                   help="models, train: run every model in this process (default: one fresh process per model when "
+                        "several run)")
     p.add_argument("--providers", default=None,
                    help="comma-separated providers to keep (kernels: e.g. cpu,reference,torch-eager,torch-compile; "
                         "models: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime)")
     p.add_argument("--breakdown", action="store_true",
                    help="models: where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs "
-                        "alone, fastenc's ops, other ops, Python/dispatch), under torch.profiler")
+                        "alone, fastenc's ops, other ops, Python/dispatch), under torch.profiler; train: the same "
+                        "for one step of fastenc and the baseline, with fastenc's GEMM floor and the ceiling ratio")
     p.add_argument("--workloads", default=None,
                    help="models: comma-separated of fixed, varlen, latency (default: all; batch-1 latency always "
                         "runs); train: of fixed, varlen (default: both; ViT has fixed only)")
@@ -139,7 +141,8 @@ def _run_suite(args, suite, device, dtype, out):
                            providers=_split(args.providers), compile_hf=not args.no_compile,
                            plots=not args.no_plots, note=args.note, repeats=args.repeats,
                            attention_dropout=args.attention_dropout, workloads=_split(args.workloads),
-                           optimizer=args.optimizer)
+                           optimizer=args.optimizer, breakdown=args.breakdown,
+                           isolate=False if args.same_process else None)
     if args.what == "kernels":
         return suite.bench_kernels(device, dtype, quick=args.quick, out=out, ops=_split(args.ops),
                                    shapes=_split(args.shapes), providers=_split(args.providers),

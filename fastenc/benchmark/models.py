@@ -9,7 +9,8 @@ Batch-1 latency (1 x 16 and 1 x 128 tokens, or 1 image) p50/p95 in rows of their
 ratios to each baseline, of the p50s and paired, with the paired ratio's 20-80% spread), peak memory of one
 fixed-workload call, throughput ratios to baselines: of the medians, and paired (the median of the per-round
 ratios of the interleaved samples, THROUGHPUT_ROUNDS rounds per workload, with their 20-80% spread). breakdown=True adds where fastenc's and transformers' batch-1 time goes
-(fastenc.benchmark.latency).
+(fastenc.benchmark.latency), and the same for one call of each throughput workload, with fastenc's GEMM floor (its
+GEMMs timed alone) and the ceiling ratio (the sdpa baseline's median over that floor) in fastenc's rows.
 """
 from __future__ import annotations
 
@@ -434,6 +435,8 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                 mem[name] = timing.peak_memory(call, device)[0]
         per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
                                     repeats=2 if quick else THROUGHPUT_ROUNDS, on_round=tick)
+    if breakdown:
+        parts.update(_throughput_breakdowns(bind, per, quick))
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
     for w, samples in per.items():
         _, units, desc = loads[w]
@@ -450,6 +453,11 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                     row[f"paired_ratio_vs_{b}"] = paired_ratio(samples[b], s)
                     ratios = [bt / t for bt, t in zip(samples[b], s)]
                     row[f"paired_ratio_vs_{b}_q20_q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
+            own = parts.get(w, {}).get(name) if name == "fastenc" else None
+            if own is not None:  # the GEMM floor and the ceiling ratio (_throughput_breakdowns)
+                row["gemm_floor_ms"] = own["gemm_floor_ms"]
+                if "hf-sdpa" in samples:
+                    row["ceiling_ratio_vs_hf-sdpa"] = timing.summarize(samples["hf-sdpa"]).median_ms / own["gemm_floor_ms"]
             rows.append(row)
     return rows, lat_rows, parts
 
@@ -479,6 +487,27 @@ def _breakdowns(spec, bind, lats, quick) -> dict:
             b = latency.breakdown(call, calls=2 if quick else 5)
             b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 7, cache=cache))
             b["p50_ms"] = timing.percentile(lats[w][name], 0.5)
+            out.setdefault(w, {})[name] = b
+    return out
+
+
+def _throughput_breakdowns(bind, per: dict, quick: bool) -> dict:
+    """One profiled call of fastenc and of transformers sdpa per throughput workload (fixed, varlen), as _breakdowns
+    does for batch 1, with gemm_floor_ms: fastenc's GEMMs of that call timed alone (the best of torch's plain and
+    prepacked paths and fastenc's panels), the call's time if nothing but its GEMMs took any. A baseline's median
+    over that floor (the rows' ceiling_ratio_vs_hf-sdpa) is the highest ratio a forward running those GEMMs at this
+    machine's rate could reach."""
+    out: dict = {}
+    cache: dict = {}
+    for w, samples in per.items():
+        calls = bind(w)
+        for name in ("fastenc", "hf-sdpa"):
+            if name not in calls or name not in samples:
+                continue
+            b = latency.breakdown(calls[name], calls=1)
+            b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache))
+            b["p50_ms"] = timing.summarize(samples[name]).median_ms
+            b["gemm_floor_ms"] = min(b[f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels"))
             out.setdefault(w, {})[name] = b
     return out
 

@@ -1,8 +1,6 @@
 """The two suites behind `fastenc bench`: run, show a progress bar and a table, write JSON/CSV/PNG."""
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from fastenc.benchmark import ceilings as _ceilings
+from fastenc.benchmark import isolated
 from fastenc.benchmark import kernels as _kernels
 from fastenc.benchmark import latency
 from fastenc.benchmark import models as _models
@@ -90,31 +89,10 @@ def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, 
     """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
     an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
     transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
-    spec = json.dumps({"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-                       "providers": list(wanted), "quick": bool(quick), "threads": int(threads),
-                       "breakdown": bool(breakdown), "only": only, "rounds": rounds})
-    proc = subprocess.Popen([sys.executable, "-m", "fastenc.benchmark.isolated", spec], stdout=subprocess.PIPE,
-                            text=True)
-    result, error = None, None
-    try:
-        for line in proc.stdout:
-            msg = json.loads(line)
-            kind, payload = msg["kind"], msg.get("payload")
-            if kind == "step":
-                step(payload)
-            elif kind == "tick":
-                tick()
-            elif kind == "log":
-                log(payload)
-            elif kind == "error":
-                error = payload
-            elif kind == "done":
-                result = payload
-    finally:
-        code = proc.wait()
-    if result is None:
-        raise RuntimeError(f"{name}: benchmark process failed (exit code {code})" + (f": {error}" if error else ""))
-    return result
+    spec = {"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "providers": list(wanted), "quick": bool(quick), "threads": int(threads), "breakdown": bool(breakdown),
+            "only": only, "rounds": rounds}
+    return isolated.run(spec, log, tick, step)
 
 
 def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,

@@ -21,6 +21,18 @@ Optimizer (the same for every provider): by default torch.optim.AdamW(fused=True
 builds by default (`optim="adamw_torch_fused"`); `--optimizer adamw_torch` takes torch.optim.AdamW with its
 default implementation instead (on CPU a loop of elementwise passes per parameter: 4-6x the fused step's time,
 bench/adamw_step.py), the setting of the results before the option.
+
+Several models run one fresh process each (fastenc.benchmark.isolated; `--same-process` keeps one), as in
+`fastenc bench models`: a model measured after a larger one in the same process starts from the heap that one left
+(glibc's mmap and trim thresholds raised), which moved both the step times and the memory figures.
+
+--breakdown: after timing, one step of fastenc and of the full-mode baseline (or LoRA's) under torch.profiler
+(fastenc.benchmark.latency.breakdown): its time in GEMMs, fastenc's ops, other ops and the rest, the GEMMs' shapes
+and FLOPs, and those GEMMs timed alone (latency.gemm_alone, the best of torch's plain and prepacked paths and
+fastenc's panels). Each fastenc row then gets `gemm_floor_ms` (its step's GEMMs alone: the step's time if nothing
+else took any) and `ceiling_ratio_vs_<baseline>` = the baseline's median step / that floor: the highest paired ratio
+an implementation running fastenc's GEMMs at this machine's rate could reach. A target above it needs fewer
+FLOPs or a faster GEMM, not less overhead.
 """
 from __future__ import annotations
 
@@ -33,7 +45,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from fastenc.benchmark import report, timing
+from fastenc.benchmark import latency, report, timing
 from fastenc.benchmark.kernels import UsageError, varlen_lengths
 from fastenc.benchmark.models import image_batch, paired_ratio, text_batch
 
@@ -170,12 +182,14 @@ def _write(out: Path, meta: dict, providers: list[str], results: list[dict], com
 
 
 def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats: int, log: Callable[[str], None],
-             tick: Callable[[], None] | None = None, out: Path, meta: dict, results: list[dict],
+             tick: Callable[[], None] | None = None, out: Path | None = None, meta: dict | None = None,
+             results: list[dict] | None = None,
              attention_dropout: str = "config", workloads: list[str] | None = None,
-             optimizer: str = "adamw_torch_fused") -> dict:
+             optimizer: str = "adamw_torch_fused", breakdown: bool = False) -> dict:
     """One model x mode: rows per provider x workload (those in `workloads`, default all) with throughput, ratios
-    to the baseline, peak memory (the files in `out` rewritten after each workload, with the finished `results`
-    before this case)."""
+    to the baseline, peak memory (the files in `out`, when given, rewritten after each workload, with the finished
+    `results` before this case); breakdown: each row of fastenc and the baseline gets its step's `breakdown` and fastenc's
+    its GEMM floor and ceiling ratio (module docstring)."""
     hf = build_hf(name, quick, attention_dropout)
     p_attn = getattr(hf.config, ATTENTION_DROPOUT[name])
     wanted = [p for p in providers if (mode == "lora") == p.endswith("+peft") or p == "fastenc"]
@@ -206,19 +220,47 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
                     row[f"paired_ratio_vs_{b}_max"] = max(rows_ratio)
                     row[f"mem_ratio_vs_{b}"] = mem[p] / mem[b] if mem[b] > 0 else None
             rows.append(row)
+        if breakdown:
+            _add_breakdowns(rows[-len(samples):], steps, base, quick, log)
         case = {"model": name, "mode": mode, "rows": rows, "skipped": skipped, "errors": errors}
-        _write(out, meta, providers, results + [case], complete=False)
+        if out is not None:
+            _write(out, meta, providers, (results or []) + [case], complete=False)
     return case
+
+
+def _add_breakdowns(rows: list[dict], steps: dict, base: str, quick: bool, log: Callable[[str], None]) -> None:
+    """Profile one step of fastenc and of `base` (latency.breakdown), time their GEMMs alone, and add both to
+    their rows; fastenc's row gets gemm_floor_ms and ceiling_ratio_vs_<base>."""
+    by = {r["provider"]: r for r in rows}
+    cache: dict = {}
+    for p in ("fastenc", base):
+        if p not in steps or p not in by:
+            continue
+        b = latency.breakdown(steps[p], calls=1)
+        b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache))
+        by[p]["breakdown"] = b
+        log(latency.format_breakdown(by[p]["model"], by[p]["workload"], p, b, by[p]["median_ms"]))
+    own = by.get("fastenc", {}).get("breakdown")
+    if own is None:
+        return
+    floor = min(own[f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels"))
+    by["fastenc"]["gemm_floor_ms"] = floor
+    if base in by and floor > 0:
+        by["fastenc"][f"ceiling_ratio_vs_{base}"] = by[base]["median_ms"] / floor
+        log(f"  {by['fastenc']['model']} {by['fastenc']['workload']}: fastenc's GEMMs alone {floor:.0f} ms, "
+            f"{base}'s step {by[base]['median_ms']:.0f} ms: ceiling ratio {by[base]['median_ms'] / floor:.2f}")
 
 
 def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=None, compile_hf: bool = True,
                 plots: bool = True, note: str | None = None, repeats: int | None = None,
                 attention_dropout: str = "config", workloads: list[str] | None = None,
-                optimizer: str = "adamw_torch_fused") -> dict:
+                optimizer: str = "adamw_torch_fused", breakdown: bool = False, isolate: bool | None = None) -> dict:
     """Every model x mode; repeats: timed rounds per workload (default 2 with quick, else 3: a BERT-base step
     takes seconds to tens of seconds on a few CPU cores); attention_dropout: "config" (the models' own) or
     "off" (0 for every provider); workloads: of "fixed", "varlen" (default both; ViT-B/16 has only fixed);
-    optimizer: a key of OPTIMIZERS (transformers' name for it), the same for every provider."""
+    optimizer: a key of OPTIMIZERS (transformers' name for it), the same for every provider; breakdown: profile
+    a step of fastenc and the baseline per workload (module docstring); isolate: each model in a fresh process
+    (fastenc.benchmark.isolated; default when more than one model runs), as `fastenc bench models` does."""
     from tqdm import tqdm
 
     names = models or (["bert-base"] if quick else list(MODELS))
@@ -249,17 +291,31 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
                 optimizer=optimizer, optimizer_kwargs=OPTIMIZERS[optimizer],
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
                 lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout,
-                workloads=workloads or list(WORKLOADS))
+                workloads=workloads or list(WORKLOADS), breakdown=breakdown)
+    isolate = len(names) > 1 if isolate is None else isolate
+    meta["process_per_model"] = isolate
     t0 = time.perf_counter()
     results: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(names) * len(modes), desc="train", unit="case", file=sys.stderr, dynamic_ncols=True)
     for n in names:
+        if isolate:
+            from fastenc.benchmark import isolated
+
+            bar.set_postfix_str(f"{n} {', '.join(modes)} (own process)")
+            spec = {"suite": "train", "model": n, "modes": modes, "providers": providers, "quick": quick,
+                    "repeats": repeats, "threads": torch.get_num_threads(), "attention_dropout": attention_dropout,
+                    "workloads": workloads, "optimizer": optimizer, "breakdown": breakdown}
+            for res in isolated.run(spec, log, bar.refresh, lambda msg: None):
+                results.append(res)
+                bar.update(1)
+            _write(out, meta, providers, results, complete=False)
+            continue
         for mode in modes:
             bar.set_postfix_str(f"{n} {mode}")
             res = run_case(n, mode, providers, quick=quick, repeats=repeats, log=log, tick=bar.refresh, out=out,
                            meta=meta, results=results, attention_dropout=attention_dropout, workloads=workloads,
-                           optimizer=optimizer)
+                           optimizer=optimizer, breakdown=breakdown)
             results.append(res)
             bar.update(1)
     bar.close()
@@ -286,4 +342,6 @@ def train_table(rows: list[dict]) -> str:
     for b in ("hf-sdpa", "hf-sdpa+peft", "hf-compile"):
         if any(f"paired_ratio_vs_{b}" in r for r in rows):
             cols += [(f"paired_ratio_vs_{b}", f"paired x {b}"), (f"mem_ratio_vs_{b}", f"mem / {b}")]
+        if any(f"ceiling_ratio_vs_{b}" in r for r in rows):
+            cols += [(f"ceiling_ratio_vs_{b}", f"ceiling x {b}")]
     return report.table(rows, cols)

@@ -65,3 +65,37 @@ def test_attention_dropout_off_builds_every_model_without_it():
         assert getattr(build_hf(name, True, "off").config, key) == 0.0
     assert build_hf("bert-base", True).config.attention_probs_dropout_prob == 0.1
     assert build_hf("bert-base", True, "off").config.hidden_dropout_prob == 0.1  # the other dropouts stay
+
+
+def test_train_breakdown_gives_the_gemm_floor_and_ceiling(tmp_path):
+    """--breakdown: one profiled step of fastenc and of the baseline, their GEMMs found with shapes and FLOPs and
+    timed alone; fastenc's floor is its GEMMs alone, the ceiling ratio the baseline's median over that floor."""
+    rc = cli.main(["bench", "train", "--quick", "--repeats", "1", "--no-plots", "--modes", "full", "--workloads",
+                   "fixed", "--breakdown", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["breakdown"] is True
+    rows = {r["provider"]: r for r in data["rows"]}
+    ours, base = rows["fastenc"], rows["hf-sdpa"]
+    for r in (ours, base):
+        b = r["breakdown"]
+        assert b["gemm_ms"] > 0 and b["gemm_gflop"] > 0 and b["gemm_shapes"]
+        # a training step of a 2-layer classifier: forward, input- and weight-gradient GEMMs of every linear
+        assert sum(b["gemm_shapes"].values()) >= 3 * 2 * 4
+        assert all(b[f"gemm_alone_{k}_ms"] > 0 for k in ("plain", "packed", "panels"))
+    floor = min(ours["breakdown"][f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels"))
+    assert ours["gemm_floor_ms"] == floor
+    assert math.isclose(ours["ceiling_ratio_vs_hf-sdpa"], base["median_ms"] / floor)
+    assert "ceiling_ratio_vs_hf-sdpa" not in base
+
+
+def test_train_models_run_one_process_each(tmp_path):
+    """Two models: each in a fresh process (fastenc.benchmark.isolated), their rows gathered in one file."""
+    rc = cli.main(["bench", "train", "--quick", "--models", "bert-base,vit-b16", "--modes", "full", "--workloads",
+                   "fixed", "--repeats", "1", "--no-plots", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["process_per_model"] is True and data["complete"]
+    assert {(r["model"], r["provider"]) for r in data["rows"]} == {
+        (m, p) for m in ("bert-base", "vit-b16") for p in ("fastenc", "hf-sdpa")}
+    assert all(r["max_abs_err_logits"] < 1e-4 and r["throughput"] > 0 for r in data["rows"])

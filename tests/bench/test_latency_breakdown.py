@@ -62,3 +62,38 @@ def test_latency_row_ratios():
     assert row["p50_ms"] == 1.0 and row["time_ratio_vs_hf-sdpa"] == 0.5
     assert row["paired_time_ratio_vs_hf-sdpa"] == 0.5  # per round 0.5, 1.0, 0.25
     assert row["paired_time_ratio_vs_hf-sdpa_q20_q80"][0] < 0.5 < row["paired_time_ratio_vs_hf-sdpa_q20_q80"][1]
+
+
+def test_throughput_breakdown_floor_and_ceiling():
+    """bench models --breakdown on a throughput workload: one profiled call of fastenc and of sdpa, fastenc's GEMMs
+    timed alone give its floor; run through _time_workloads the fastenc row gets the ceiling ratio."""
+    pytest.importorskip("transformers")
+    import fastenc
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    hf = BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=136,
+                              vocab_size=300), add_pooling_layer=False).eval()
+    hf.set_attn_implementation("sdpa")
+    fe = fastenc.from_hf(hf).eval()
+
+    def run(m, own):
+        def fn(inp):
+            with torch.inference_mode():
+                return m(inp["input_ids"], inp["attention_mask"]) if own else m(**inp)
+        return fn
+
+    fns = {"fastenc": run(fe, True), "hf-sdpa": run(hf, False)}
+    ids = torch.randint(5, 300, (3, 24))
+    loads = {w: ({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, ids.numel(), w)
+             for w in ("latency", "fixed")}
+    spec = models.ModelSpec("tiny", "text", lambda: hf, "")
+    rows, _, parts = models._time_workloads(spec, fns, loads, "cpu", True, None, lambda m: None, breakdown=True)
+    b = parts["fixed"]["fastenc"]
+    assert b["gemm_shapes"] == {"72x136x64": 2.0, "72x64x136": 2.0, "72x64x192": 2.0, "72x64x64": 2.0}
+    assert b["gemm_floor_ms"] == min(b[f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels")) > 0
+    assert parts["fixed"]["hf-sdpa"]["gemm_gflop"] > 0
+    row = {r["provider"]: r for r in rows if r["workload"] == "fixed"}
+    assert row["fastenc"]["gemm_floor_ms"] == b["gemm_floor_ms"]
+    assert math.isclose(row["fastenc"]["ceiling_ratio_vs_hf-sdpa"], row["hf-sdpa"]["median_ms"] / b["gemm_floor_ms"])
+    assert "ceiling_ratio_vs_hf-sdpa" not in row["hf-sdpa"]
