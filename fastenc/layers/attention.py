@@ -80,6 +80,8 @@ class SelfAttention(nn.Module):
             return gather_rows(self.attend(x, cu_seqlens, max_seqlen, rope), rows)
         h, heads, d = self.hidden, self.heads, self.head_dim
         n, t = rows.numel(), x.shape[0]
+        if n == 0 or t == 0:
+            return gather_rows(self.attend(x, cu_seqlens, max_seqlen, rope), rows)
         w, b = self.Wqkv.weight, self.Wqkv.bias
         q = F.linear(gather_rows(x, rows), w[:h], None if b is None else b[:h]).view(n, heads, d)
         kv = F.linear(x, w[h:], None if b is None else b[h:]).view(t, 2, heads, d)

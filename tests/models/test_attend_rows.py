@@ -79,3 +79,9 @@ def test_projects_queries_at_the_rows_only():
     finally:
         mod.F.linear = old
     assert sorted(seen) == [(2, 40), (23, 80)]  # q: 2 rows x hidden; k, v: every token x 2 * hidden
+
+
+def test_no_rows():
+    attn, cu, x, _ = _case([4, 6], None, 9)
+    out = attn.attend_rows(x, cu, 6, torch.empty(0, dtype=torch.long))
+    assert out.shape == (0, 40)
