@@ -129,3 +129,16 @@ def roberta_batch(lengths, seq=None, vocab=211, seed=0):
     ids = torch.where(mask.bool(), ids, torch.ones_like(ids))
     ids[:, 0] = 0
     return ids, mask
+
+
+# Ops that only fastenc's encoder runs: attention (every layer but a first-token head's last one, which attends
+# from its first rows in plain PyTorch) and the norms (every layer).
+FASTENC_ENCODER_OPS = frozenset({"fastenc::attention", "fastenc::attention_qkv", "fastenc::layer_norm",
+                                 "fastenc::rms_norm"})
+
+
+def ran_fastenc(fn):
+    """(fn(), whether fastenc's encoder ran during the call rather than transformers' own forward)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+    return out, any(e.key in FASTENC_ENCODER_OPS for e in prof.key_averages())

@@ -24,12 +24,6 @@ CASES = [("bert", "base", "BaseModelOutputWithPoolingAndCrossAttentions"),
 IDS = [f"{a}-{t}" for a, t, _ in CASES]
 
 
-def ran_fastenc(fn):
-    """(fn(), whether fastenc's attention op ran during the call)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = fn()
-    return out, any(e.key == "fastenc::attention" for e in prof.key_averages())
-
 
 def _make(arch, task, **kw):
     small = dict(layers=1, image=32, patch=8) if arch == "vit" else dict(layers=2)
@@ -68,8 +62,8 @@ def test_same_signature_output_type_and_fastenc_ran(arch, task, out_type):
         ref = hf(**inp)
         with warnings.catch_warnings():
             warnings.simplefilter("error", FallbackWarning)
-            out, fast = ran_fastenc(lambda: acc(**inp))
-        _, slow = ran_fastenc(lambda: hf(**inp))
+            out, fast = _hf.ran_fastenc(lambda: acc(**inp))
+        _, slow = _hf.ran_fastenc(lambda: hf(**inp))
     assert fast and not slow
     assert type(out).__name__ == out_type == type(ref).__name__
     _close(getattr(out, _key(task)), getattr(ref, _key(task)), inp.get("attention_mask"))
@@ -104,7 +98,7 @@ def test_training_runs_fastenc_with_labels_and_gradients_reach_transformers_para
     hf.zero_grad()
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        out, fast = ran_fastenc(lambda: acc(**inp))
+        out, fast = _hf.ran_fastenc(lambda: acc(**inp))
     assert fast and type(out).__name__ == type(ref).__name__
     assert abs(out.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
     out.loss.backward()
@@ -121,10 +115,10 @@ def test_dropout_in_training_mode_runs_fastenc_and_eval_turns_it_off():
     ids, mask, _ = _hf.text_batch([7, 3], seed=2)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        (a, fast), (b, _) = (ran_fastenc(lambda: acc(ids, attention_mask=mask)) for _ in range(2))
+        (a, fast), (b, _) = (_hf.ran_fastenc(lambda: acc(ids, attention_mask=mask)) for _ in range(2))
         assert fast and not torch.equal(a.last_hidden_state, b.last_hidden_state)  # dropout drew new masks
         acc.eval()
-        out, fast = ran_fastenc(lambda: acc(ids, attention_mask=mask))
+        out, fast = _hf.ran_fastenc(lambda: acc(ids, attention_mask=mask))
         ref = hf.eval()(ids, attention_mask=mask)
     assert fast
     _close(out.last_hidden_state, ref.last_hidden_state, mask)
@@ -139,7 +133,7 @@ def test_an_optimizer_step_on_transformers_parameters_is_seen_without_gradients(
         acc(**inp)
         hf.bert.encoder.layer[0].attention.self.key.weight.mul_(1.5)
         hf.bert.encoder.layer[1].attention.self.value.bias.add_(0.2)
-        out, fast = ran_fastenc(lambda: acc(**inp))
+        out, fast = _hf.ran_fastenc(lambda: acc(**inp))
         ref = hf(**inp)
     assert fast
     _close(out.logits, ref.logits)
@@ -163,7 +157,7 @@ def test_unserved_options_fall_back_with_a_warning(name, extra, match):
     kw = {"attention_mask": mask, **extra(ids)}
     with torch.no_grad():
         with pytest.warns(FallbackWarning, match=match):
-            out, fast = ran_fastenc(lambda: acc(ids, **kw))
+            out, fast = _hf.ran_fastenc(lambda: acc(ids, **kw))
         ref = hf(ids, **kw)
     assert not fast and torch.equal(out.logits, ref.logits)
 
@@ -179,7 +173,7 @@ def test_config_flags_and_vit_options_fall_back_with_a_warning():
     vit = fastenc.accelerate(_make("vit", "base"))
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad(), pytest.warns(FallbackWarning, match="interpolate_pos_encoding=True is not supported"):
-        _, fast = ran_fastenc(lambda: vit(x, interpolate_pos_encoding=True))
+        _, fast = _hf.ran_fastenc(lambda: vit(x, interpolate_pos_encoding=True))
     assert not fast
 
 

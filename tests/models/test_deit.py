@@ -31,11 +31,6 @@ def _close(out, ref, tol=1e-4):
     assert err <= tol, f"max abs error {err:.3e} > {tol:.0e}"
 
 
-def _fastenc_ran(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = fn()
-    return out, any(e.key == "fastenc::attention" for e in prof.key_averages())
-
 
 @pytest.mark.parametrize("task", TASKS)
 def test_parity_fp32(task):
@@ -139,7 +134,7 @@ def test_accelerate_same_outputs(task):
     x = _images(seed=10)
     with torch.no_grad():
         ref = hf(x)
-        out, ran = _fastenc_ran(lambda: fast(x))
+        out, ran = _hf.ran_fastenc(lambda: fast(x))
     assert ran and type(out) is type(ref) and type(fast).__name__ == type(hf).__name__
     for k in FIELDS[task]:
         _close(getattr(out, k), getattr(ref, k))
@@ -156,7 +151,7 @@ def test_accelerate_trains_transformers_parameters():
     ref = _hf.deit("image_classification", **SMALL, seed=12)
     fast = fastenc.accelerate(hf)
     x, labels = _images(seed=13), torch.tensor([1, 3, 0])
-    out, ran = _fastenc_ran(lambda: fast(x, labels=labels))
+    out, ran = _hf.ran_fastenc(lambda: fast(x, labels=labels))
     assert ran
     out.loss.backward()
     ref(x, labels=labels).loss.backward()
@@ -177,7 +172,7 @@ def test_pipeline_on_accelerate_same_labels_and_scores():
         hf = _hf.deit(task, **SMALL, seed=14, id2label={0: "cat", 1: "dog", 2: "owl", 3: "eel"})
         ref = pipeline("image-classification", model=hf, image_processor=proc, top_k=None)(images)
         fast = fastenc.accelerate(hf)
-        got, ran = _fastenc_ran(lambda: pipeline("image-classification", model=fast, image_processor=proc,
+        got, ran = _hf.ran_fastenc(lambda: pipeline("image-classification", model=fast, image_processor=proc,
                                                  top_k=None)(images))
         assert ran
         for r, o in zip(ref, got):

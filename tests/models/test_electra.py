@@ -179,11 +179,6 @@ def test_unsupported_variants_and_bad_checkpoints(tmp_path):
         fastenc.from_pretrained(tmp_path)
 
 
-def _ran_fastenc(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = fn()
-    return out, any(e.key == "fastenc::attention" for e in prof.key_averages())
-
 
 @pytest.mark.parametrize("task,out_type", [("base", "BaseModelOutputWithPastAndCrossAttentions"),
                                            ("sequence_classification", "SequenceClassifierOutput"),
@@ -198,7 +193,7 @@ def test_accelerate(task, out_type):
         inp = {"input_ids": ids * m, "attention_mask": m, "token_type_ids": types * m}
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("error", FallbackWarning)
-            out, fast = _ran_fastenc(lambda: acc(**inp))
+            out, fast = _hf.ran_fastenc(lambda: acc(**inp))
             ref = hf(**inp)
         assert fast and type(out).__name__ == out_type == type(ref).__name__
         if task == "question_answering":
@@ -327,7 +322,7 @@ def test_accelerate_training_gradients_reach_transformers_parameters():
     ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        out, fast = _ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels))
+        out, fast = _hf.ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels))
     assert fast and abs(float(out.loss) - float(ref.loss)) <= TOL
     ref.loss.backward()
     out.loss.backward()

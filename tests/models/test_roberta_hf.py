@@ -24,11 +24,6 @@ def _max_err(out, ref, mask=None):
     return float((out - ref).detach().abs().max())
 
 
-def _ran_fastenc(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = fn()
-    return out, any(e.key == "fastenc::attention" for e in prof.key_averages())
-
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -61,7 +56,7 @@ def test_accelerate_every_head_with_left_padding(family, task):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         ref = hf(input_ids=ids, attention_mask=mask)
-        out, ran = _ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask))
+        out, ran = _hf.ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask))
     assert ran and type(out) is type(ref)
     if task == "base":
         assert _max_err(out.last_hidden_state, ref.last_hidden_state, mask) <= 1e-4
@@ -142,7 +137,7 @@ def test_sentence_transformer_on_accelerated_roberta(tmp_path, tokenizer):
     assert type(word.auto_model).__mro__[1] is type(ref_model)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        out, ran = _ran_fastenc(lambda: st.encode(TEXTS, convert_to_tensor=True, batch_size=4))
+        out, ran = _hf.ran_fastenc(lambda: st.encode(TEXTS, convert_to_tensor=True, batch_size=4))
     assert ran and _max_err(out, ref) <= 1e-4
 
 
