@@ -11,7 +11,6 @@ import torch
 import fastenc
 import _models_hf as _hf
 from fastenc.models.hf import FallbackWarning
-from test_accelerate import ran_fastenc
 
 TOL = 1e-4
 
@@ -47,7 +46,7 @@ def test_accelerate_left_padding_matches_transformers(arch, task, pooling):
         ref = hf(ids, **kw)
         with warnings.catch_warnings():
             warnings.simplefilter("error", FallbackWarning)
-            out, fast = ran_fastenc(lambda: acc(ids, **kw))
+            out, fast = _hf.ran_fastenc(lambda: acc(ids, **kw))
     assert fast
     m = mask.bool()
     if task == "base":
@@ -69,7 +68,7 @@ def test_accelerate_left_padding_beyond_the_window_falls_back():
     ids, mask, _ = _left([40, 20], seed=5)
     with torch.no_grad():
         with pytest.warns(FallbackWarning, match=r"left padding longer than half the local window \(16 columns\)"):
-            out, fast = ran_fastenc(lambda: acc(ids, attention_mask=mask))
+            out, fast = _hf.ran_fastenc(lambda: acc(ids, attention_mask=mask))
         ref = hf(ids, attention_mask=mask)
     assert not fast and torch.equal(out.logits, ref.logits)
 
