@@ -130,8 +130,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
     Positions are never read back to the host here (no device sync per layer): each backend checks every position
     where it reads it. On CPU a position outside [0, max_positions) raises ValueError; on a GPU the kernels never
-    read outside cos/sin and write that token's rows as NaN. cu_seqlens is validated on the host once per forward
-    (the same tensor passed to every layer is remembered).
+    read outside cos/sin and write that token's rows as NaN. cu_seqlens is read and validated on the host at every
+    call (nothing remembered from an earlier one), and the positions made from it are checked where they are read.
     """
     check_float("q", OP, q)
     check_float("k", OP, k)
@@ -184,7 +184,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 pos = torch.where((pos >= 0) & (pos < rows), pos, -1)
             pos = pos.to(torch.int32)
     elif cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, tokens, q.device, OP)  # host list, read once per forward (cached)
+        cu = check_cu_seqlens(cu_seqlens, tokens, q.device, OP)  # host list, read at every call
         longest = max(b - a for a, b in zip(cu, cu[1:]))
         if torch.compiler.is_compiling():  # longest is symbolic there: the check becomes a run-time assert
             torch._check(longest <= rows, lambda: f"{OP}: longest sequence exceeds the cos/sin table ({rows} positions)")
