@@ -106,10 +106,12 @@ class DistilBertEmbeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.dim)
         self.norm = LayerNorm(cfg.dim, cfg.layer_norm_eps)
         self.dropout = cfg.dropout
+        pad = cfg.pad_token_id
+        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """ids, positions: packed (tokens,) -> LN(word[ids] + position[positions]): (tokens, dim)."""
-        x = embedding(ids, self.word.weight)
+        x = embedding(ids, self.word.weight, padding_idx=self.pad)
         x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
         return F.dropout(x, self.dropout, training=True) if self.training and self.dropout > 0 else x
 

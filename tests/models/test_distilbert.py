@@ -304,6 +304,25 @@ def test_training_dropout_places_and_gradients(monkeypatch):
     _close(fe.pre_classifier.weight.grad, hf.pre_classifier.weight.grad, tol=1e-5)
 
 
+def test_pad_token_row_gets_no_gradient_as_in_transformers():
+    # transformers' word embedding has padding_idx=pad_token_id: a real token with the pad id adds nothing to
+    # that row's gradient
+    hf = _hf.distilbert("sequence_classification", dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
+                        pad_token_id=3)
+    fe = fastenc.from_hf(hf).train()
+    hf.train()
+    ids, mask, _ = _hf.text_batch(LENGTHS, seed=15)
+    ids[:, 1] = 3  # a real token in every row
+    labels = torch.tensor([1, 0, 3, 2])
+    fe(ids, mask, labels=labels).loss.backward()
+    hf(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    want = hf.distilbert.embeddings.word_embeddings.weight.grad
+    got = fe.embeddings.word.weight.grad
+    assert float(want[3].abs().max()) == 0.0 and float(got[3].abs().max()) == 0.0
+    assert float(got[ids[0, 2]].abs().max()) > 0
+    _close(got, want, tol=1e-5)
+
+
 def test_lora_q_v_and_classifier_heads_load_in_peft(tmp_path):
     # SEQ_CLS saves the heads PEFT saves: "classifier" matches pre_classifier too (PEFT's plain suffix match)
     from peft import PeftModel
