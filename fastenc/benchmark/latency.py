@@ -115,6 +115,14 @@ def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = N
     return {f"gemm_alone_{name}_ms": ms for name, ms in total.items()}
 
 
+def gemm_floor(b: dict) -> float:
+    """The GEMM floor of a profiled call from its breakdown `b` (breakdown + gemm_alone): the least time its GEMMs
+    were seen to take, timed alone on any path or inside the call itself. Both are measurements of the same GEMMs,
+    so the smaller is the better bound: a slow stretch of the machine while they were timed alone would otherwise
+    put the floor above the call that contains them."""
+    return min(b["gemm_ms"], *(b[f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels")))
+
+
 def format_breakdown(model: str, workload: str, provider: str, b: dict, wall_p50_ms: float | None) -> str:
     """One line: wall p50, then each category's ms and share of the profiled wall, GEMM rate vs alone."""
     w = b["profiled_wall_ms"]

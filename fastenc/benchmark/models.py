@@ -494,7 +494,8 @@ def _breakdowns(spec, bind, lats, quick) -> dict:
 def _throughput_breakdowns(bind, per: dict, quick: bool) -> dict:
     """One profiled call of fastenc and of transformers sdpa per throughput workload (fixed, varlen), as _breakdowns
     does for batch 1, with gemm_floor_ms: fastenc's GEMMs of that call timed alone (the best of torch's plain and
-    prepacked paths and fastenc's panels), the call's time if nothing but its GEMMs took any. A baseline's median
+    prepacked paths and fastenc's panels) or inside the call where that was less (latency.gemm_floor), the call's
+    time if nothing but its GEMMs took any. A baseline's median
     over that floor (the rows' ceiling_ratio_vs_hf-sdpa) is the highest ratio a forward running those GEMMs at this
     machine's rate could reach."""
     out: dict = {}
@@ -507,7 +508,7 @@ def _throughput_breakdowns(bind, per: dict, quick: bool) -> dict:
             b = latency.breakdown(calls[name], calls=1)
             b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache))
             b["p50_ms"] = timing.summarize(samples[name]).median_ms
-            b["gemm_floor_ms"] = min(b[f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels"))
+            b["gemm_floor_ms"] = latency.gemm_floor(b)
             out.setdefault(w, {})[name] = b
     return out
 

@@ -29,8 +29,8 @@ Several models run one fresh process each (fastenc.benchmark.isolated; `--same-p
 --breakdown: after timing, one step of fastenc and of the full-mode baseline (or LoRA's) under torch.profiler
 (fastenc.benchmark.latency.breakdown): its time in GEMMs, fastenc's ops, other ops and the rest, the GEMMs' shapes
 and FLOPs, and those GEMMs timed alone (latency.gemm_alone, the best of torch's plain and prepacked paths and
-fastenc's panels). Each fastenc row then gets `gemm_floor_ms` (its step's GEMMs alone: the step's time if nothing
-else took any) and `ceiling_ratio_vs_<baseline>` = the baseline's median step / that floor: the highest paired ratio
+fastenc's panels). Each fastenc row then gets `gemm_floor_ms` (its step's GEMMs alone, or inside the profiled
+step where that was less (latency.gemm_floor): the step's time if nothing else took any) and `ceiling_ratio_vs_<baseline>` = the baseline's median step / that floor: the highest paired ratio
 an implementation running fastenc's GEMMs at this machine's rate could reach. A target above it needs fewer
 FLOPs or a faster GEMM, not less overhead.
 """
@@ -243,7 +243,7 @@ def _add_breakdowns(rows: list[dict], steps: dict, base: str, quick: bool, log: 
     own = by.get("fastenc", {}).get("breakdown")
     if own is None:
         return
-    floor = min(own[f"gemm_alone_{k}_ms"] for k in ("plain", "packed", "panels"))
+    floor = latency.gemm_floor(own)
     by["fastenc"]["gemm_floor_ms"] = floor
     if base in by and floor > 0:
         by["fastenc"][f"ceiling_ratio_vs_{base}"] = by[base]["median_ms"] / floor
