@@ -71,16 +71,15 @@ class SelfAttention(nn.Module):
         token for a head that reads no other): k and v are projected for every token, q for `rows` only, and each
         query attends over its own sequence's keys in its window. (n, hidden).
 
-        The n queries run in plain PyTorch (fp32 math, softmax over the visible keys, attention-probability dropout
-        with torch's generator in training), n x keys scores in all; a query whose sequence is empty gets zeros.
-        A Wqkv carrying unmerged adapters runs whole (attend(), then the rows)."""
+        The n queries run in plain PyTorch (fp32 math, softmax over the visible keys), n x keys scores in all; a
+        query whose sequence is empty gets zeros. Attention-probability dropout belongs to the attention kernels
+        (the mask regenerated in their backward, never stored), so in training with dropout on, as with a Wqkv
+        carrying unmerged adapters, the layer runs whole (attend(), then the rows)."""
         from fastenc.models.padding import gather_rows  # (models import layers)
 
-        if type(self.Wqkv) is not Linear:
-            return gather_rows(self.attend(x, cu_seqlens, max_seqlen, rope), rows)
         h, heads, d = self.hidden, self.heads, self.head_dim
         n, t = rows.numel(), x.shape[0]
-        if n == 0 or t == 0:
+        if type(self.Wqkv) is not Linear or n == 0 or t == 0 or (self.training and self.dropout > 0):
             return gather_rows(self.attend(x, cu_seqlens, max_seqlen, rope), rows)
         w, b = self.Wqkv.weight, self.Wqkv.bias
         q = F.linear(gather_rows(x, rows), w[:h], None if b is None else b[:h]).view(n, heads, d)
@@ -109,8 +108,6 @@ class SelfAttention(nn.Module):
         blind = span == 0  # an empty sequence: uniform weights over zeros-to-be, then zeroed
         s = s.masked_fill(blind[:, None, None], 0.0)
         p = torch.softmax(s, dim=-1)
-        if self.training and self.dropout > 0:
-            p = F.dropout(p, self.dropout, training=True)
         o = torch.einsum("nhl,nlhd->nhd", p, vg).reshape(n, h)
         o = o.masked_fill(blind[:, None], 0.0) if bool(blind.any()) else o
         return o.to(x.dtype)

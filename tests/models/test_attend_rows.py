@@ -85,3 +85,25 @@ def test_no_rows():
     attn, cu, x, _ = _case([4, 6], None, 9)
     out = attn.attend_rows(x, cu, 6, torch.empty(0, dtype=torch.long))
     assert out.shape == (0, 40)
+
+
+def test_training_with_attention_dropout_runs_the_kernels_dropout():
+    # dropout belongs to the attention kernels (the mask regenerated in their backward): with it on in training the
+    # rows come from attend() with the same seed, values and gradients alike
+    attn, cu, x, _ = _case([5, 9, 3], None, 11)
+    attn.dropout = 0.3
+    attn.train()
+    rows = cu[:-1].long()
+    outs, grads = [], []
+    for run in (lambda xx: attn.attend_rows(xx, cu, 9, rows), lambda xx: gather_rows(attn.attend(xx, cu, 9), rows)):
+        xx = x.clone().requires_grad_(True)
+        torch.manual_seed(5)
+        out = run(xx)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append(xx.grad)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    attn.eval()  # eval: no dropout, the rows' own path, equal to the full attention to rounding
+    torch.testing.assert_close(attn.attend_rows(x, cu, 9, rows), gather_rows(attn.attend(x, cu, 9), rows),
+                               rtol=1e-5, atol=1e-6)
