@@ -495,9 +495,8 @@ def _throughput_breakdowns(bind, per: dict, quick: bool) -> dict:
     """One profiled call of fastenc and of transformers sdpa per throughput workload (fixed, varlen), as _breakdowns
     does for batch 1, with gemm_floor_ms: fastenc's GEMMs of that call timed alone (the best of torch's plain and
     prepacked paths and fastenc's panels) or inside the call where that was less (latency.gemm_floor), the call's
-    time if nothing but its GEMMs took any. A baseline's median
-    over that floor (the rows' ceiling_ratio_vs_hf-sdpa) is the highest ratio a forward running those GEMMs at this
-    machine's rate could reach."""
+    time if nothing but its GEMMs took any. A baseline's median over that floor (the rows' ceiling_ratio_vs_hf-sdpa)
+    is the highest ratio a forward running those GEMMs at this machine's rate could reach."""
     out: dict = {}
     cache: dict = {}
     for w, samples in per.items():

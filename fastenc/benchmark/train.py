@@ -30,8 +30,9 @@ Several models run one fresh process each (fastenc.benchmark.isolated; `--same-p
 (fastenc.benchmark.latency.breakdown): its time in GEMMs, fastenc's ops, other ops and the rest, the GEMMs' shapes
 and FLOPs, and those GEMMs timed alone (latency.gemm_alone, the best of torch's plain and prepacked paths and
 fastenc's panels). Each fastenc row then gets `gemm_floor_ms` (its step's GEMMs alone, or inside the profiled
-step where that was less (latency.gemm_floor): the step's time if nothing else took any) and `ceiling_ratio_vs_<baseline>` = the baseline's median step / that floor: the highest paired ratio
-an implementation running fastenc's GEMMs at this machine's rate could reach. A target above it needs fewer
+step where that was less (latency.gemm_floor): the step's time if nothing else took any) and
+`ceiling_ratio_vs_<baseline>` = the baseline's median step / that floor: the highest paired ratio an implementation
+running fastenc's GEMMs at this machine's rate could reach. A target above it needs fewer
 FLOPs or a faster GEMM, not less overhead.
 """
 from __future__ import annotations

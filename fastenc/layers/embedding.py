@@ -40,6 +40,12 @@ class _Embedding(torch.autograd.Function):
         return None, out, None
 
 
+def padding_row(pad_token_id: int | None, vocab_size: int) -> int | None:
+    """The word embedding's padding_idx as transformers sets it (its row gets no gradient): the config's
+    pad_token_id when it names a row of the vocabulary, else None."""
+    return pad_token_id if pad_token_id is not None and 0 <= pad_token_id < vocab_size else None
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
     """F.embedding(ids, weight, padding_idx) (no max_norm, dense gradient); the weight's gradient from the CPU
     buffer cache when autograd records the call."""

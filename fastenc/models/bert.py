@@ -31,7 +31,7 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.dropout import dropout
-from fastenc.layers.embedding import embedding
+from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.inference import Plan
 from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
@@ -55,8 +55,7 @@ class BertEmbeddings(nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.dropout = cfg.hidden_dropout_prob
-        pad = cfg.pad_token_id
-        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
+        self.pad = padding_row(cfg.pad_token_id, cfg.vocab_size)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import LayerNorm, Linear, activation
-from fastenc.layers.embedding import embedding
+from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.mlp import check_activation
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
@@ -106,8 +106,7 @@ class DistilBertEmbeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.dim)
         self.norm = LayerNorm(cfg.dim, cfg.layer_norm_eps)
         self.dropout = cfg.dropout
-        pad = cfg.pad_token_id
-        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
+        self.pad = padding_row(cfg.pad_token_id, cfg.vocab_size)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """ids, positions: packed (tokens,) -> LN(word[ids] + position[positions]): (tokens, dim)."""

@@ -22,7 +22,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.inference import Plan, pre_norm_block
-from fastenc.layers.embedding import embedding
+from fastenc.layers.embedding import embedding, padding_row
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
@@ -41,8 +41,7 @@ class ModernBertEmbeddings(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, bias=cfg.norm_bias)
         self.dropout = cfg.embedding_dropout
-        pad = cfg.pad_token_id
-        self.pad = pad if pad is not None and 0 <= pad < cfg.vocab_size else None  # its row gets no gradient
+        self.pad = padding_row(cfg.pad_token_id, cfg.vocab_size)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.norm(embedding(ids, self.tok.weight, padding_idx=self.pad))

@@ -24,7 +24,6 @@ CASES = [("bert", "base", "BaseModelOutputWithPoolingAndCrossAttentions"),
 IDS = [f"{a}-{t}" for a, t, _ in CASES]
 
 
-
 def _make(arch, task, **kw):
     small = dict(layers=1, image=32, patch=8) if arch == "vit" else dict(layers=2)
     return getattr(_hf, arch)(task, **{**small, **kw})

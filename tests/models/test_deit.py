@@ -31,7 +31,6 @@ def _close(out, ref, tol=1e-4):
     assert err <= tol, f"max abs error {err:.3e} > {tol:.0e}"
 
 
-
 @pytest.mark.parametrize("task", TASKS)
 def test_parity_fp32(task):
     hf = _hf.deit(task, **SMALL, seed=1)
@@ -173,7 +172,7 @@ def test_pipeline_on_accelerate_same_labels_and_scores():
         ref = pipeline("image-classification", model=hf, image_processor=proc, top_k=None)(images)
         fast = fastenc.accelerate(hf)
         got, ran = _hf.ran_fastenc(lambda: pipeline("image-classification", model=fast, image_processor=proc,
-                                                 top_k=None)(images))
+                                                     top_k=None)(images))
         assert ran
         for r, o in zip(ref, got):
             assert [d["label"] for d in r] == [d["label"] for d in o]

@@ -322,7 +322,8 @@ def test_accelerate_training_gradients_reach_transformers_parameters():
     ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
-        out, fast = _hf.ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels))
+        out, fast = _hf.ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask, token_type_ids=types,
+                                                labels=labels))
     assert fast and abs(float(out.loss) - float(ref.loss)) <= TOL
     ref.loss.backward()
     out.loss.backward()
