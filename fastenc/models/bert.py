@@ -288,7 +288,7 @@ class BertForSequenceClassification(BertModel):
 class BertForTokenClassification(BertModel):
     """logits = classifier(drop(hidden)): (batch, seq, num_labels), zeros at padded positions.
     labels= int (batch, seq), -100 ignored -> transformers' TokenClassifierOutput(loss, logits); the loss is taken
-    over the packed tokens (labels at padded positions are not read)."""
+    over the packed tokens; a label other than -100 at a padded position is refused (ValueError)."""
     task = "token_classification"
 
     def __init__(self, config: BertConfig):
@@ -298,7 +298,8 @@ class BertForTokenClassification(BertModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if labels is not None:
-            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids))
+            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids),
+                                    attention_mask)
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         p = _classifier_dropout(self.config) if self.training else 0.0
         packed = self.classifier(F.dropout(x, p, training=True) if p > 0 else x)

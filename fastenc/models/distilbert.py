@@ -208,7 +208,8 @@ class DistilBertForTokenClassification(DistilBertModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if labels is not None:
-            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids))
+            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids),
+                                    attention_mask)
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         packed = self.classifier(_drop(self, x, self.config.dropout))
         logits = batch.pad(packed)

@@ -6,8 +6,9 @@ and then kept in the config):
   "single_label_classification" cross-entropy, labels int (batch,), -100 ignored
   "multi_label_classification"  BCE-with-logits, labels float (batch, num_labels)
 Token classification: cross-entropy over the real tokens' logits (total_tokens, num_labels) against the labels
-gathered at the same tokens, -100 ignored; labels at padded positions are not read (give -100 there, as
-transformers' data collators do: transformers would count a label placed on a padded position).
+gathered at the same tokens, -100 ignored; a label other than -100 at a padded position (attention_mask 0) is
+refused with a ValueError naming the position, as for masked-LM labels (transformers would count it in the loss
+through the padded token's logits; its data collators put -100 there).
 Masked LM: labels int (batch, seq), -100 ignored; the loss is cross-entropy over the labelled tokens' logits. The
 logits are computed only at the rows `packed_rows` selects (the positions asked for, or the labelled ones), never
 over the whole (batch, seq) grid unless asked for.
@@ -81,8 +82,9 @@ def check_sequence_labels(name: str, config, labels, batch: int) -> str:
     return kind
 
 
-def check_token_labels(name: str, config, labels, shape: tuple[int, int]) -> None:
-    """Validate token-classification labels: int (batch, seq), class indices or IGNORE."""
+def check_token_labels(name: str, config, labels, shape: tuple[int, int], attention_mask=None) -> None:
+    """Validate token-classification labels: int (batch, seq), class indices or IGNORE, and IGNORE wherever
+    attention_mask is 0 (a padded token has no logits of its own)."""
     if not isinstance(labels, torch.Tensor):
         raise ValueError(f"{name}: labels must be a tensor, got {type(labels).__name__}")
     if labels.dtype not in _INT:
@@ -90,6 +92,21 @@ def check_token_labels(name: str, config, labels, shape: tuple[int, int]) -> Non
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"{name}: labels must have input_ids' shape {tuple(shape)}, got {tuple(labels.shape)}")
     _range(name, labels, config.num_labels)
+    check_unlabelled_padding(name, labels, attention_mask)
+
+
+def check_unlabelled_padding(name: str, labels: torch.Tensor, attention_mask) -> None:
+    """Labels must be IGNORE wherever attention_mask (batch, seq) is 0, else a ValueError naming the first such
+    position (row, column) and its label. No mask: every token is real."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.numel() != labels.numel():
+        return
+    pad = attention_mask.reshape(-1) == 0
+    labelled = pad & (labels.reshape(-1).to(pad.device) != IGNORE)
+    if bool(labelled.any()):
+        seq = labels.shape[-1] if labels.dim() else 1
+        f = int(labelled.nonzero()[0])
+        raise ValueError(f"{name}: labels must be {IGNORE} at padded positions (attention_mask 0), got "
+                         f"{int(labels.reshape(-1)[f])} at ({f // seq}, {f % seq})")
 
 
 def sequence_loss(config, kind: str, logits: torch.Tensor, labels: torch.Tensor,

@@ -20,8 +20,9 @@ attention_mask, labels on a base model, and left padding the padded column-0 que
 
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
-give transformers' pooled output. Hidden states and token logits at other padded positions are zeros. The
-token-classification loss reads the labels of real tokens only (transformers' collators put -100 on padding).
+give transformers' pooled output. Hidden states and token logits at other padded positions are zeros. A
+token-classification or masked-LM label other than -100 on a padded position is refused with a ValueError (its
+collators put -100 there; transformers would count it through the padded token's logits).
 """
 from __future__ import annotations
 

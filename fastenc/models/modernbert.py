@@ -261,12 +261,14 @@ class ModernBertForSequenceClassification(_ModernBertWithHead):
 
 class ModernBertForTokenClassification(_ModernBertWithHead):
     """logits = classifier(head(hidden)): (batch, seq, num_labels), zeros at padded positions.
-    labels= int (batch, seq), -100 ignored -> TokenClassifierOutput(loss, logits), loss over the packed tokens."""
+    labels= int (batch, seq), -100 ignored (and required at padded positions) -> TokenClassifierOutput(loss, logits), loss over the packed
+    tokens."""
     task = "token_classification"
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if labels is not None:
-            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids))
+            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids),
+                                    attention_mask)
         x, batch = self._encode(input_ids, attention_mask)
         packed = self.classify(x)
         logits = batch.pad(packed)

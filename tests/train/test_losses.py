@@ -107,3 +107,31 @@ def test_bad_image_labels():
     fe = _no_work(fastenc.from_hf(_seqcls("vit", 3, None)))
     with pytest.raises(ValueError, match=r"labels must have shape \(3, 3\) for multi_label_classification"):
         fe(**batch("vit", "base"), labels=torch.zeros(3))
+
+
+def _token_model(arch: str):
+    make = {"bert": _hf.bert, "modernbert": _hf.modernbert, "distilbert": _hf.distilbert, "electra": _hf.electra,
+            "roberta": _hf.roberta}[arch]
+    return make("token_classification", hidden=48, heads=3, layers=2).eval()
+
+
+@pytest.mark.parametrize("accelerated", [False, True], ids=["from_hf", "accelerate"])
+@pytest.mark.parametrize("arch", ["bert", "modernbert", "distilbert", "electra", "roberta"])
+def test_token_label_on_padding_refused(arch, accelerated):
+    # a label on a padded position is refused (as masked-LM labels are), before any work; -100 there is fine
+    hf = _token_model(arch)
+    fe = fastenc.accelerate(hf) if accelerated else _no_work(fastenc.from_hf(hf))
+    ids, mask = (_hf.roberta_batch if arch == "roberta" else _hf.text_batch)([5, 9, 2])[:2]
+    n = hf.config.num_labels
+    labels = torch.randint(0, n, ids.shape).masked_fill(mask == 0, -100)
+    row, col = 2, 4  # row 2 has 2 real tokens
+    assert mask[row, col] == 0
+    bad = labels.clone()
+    bad[row, col] = 1
+    with pytest.raises(ValueError, match=rf"labels must be -100 at padded positions.* got 1 at \({row}, {col}\)"):
+        fe(input_ids=ids, attention_mask=mask, labels=bad)
+    if accelerated:  # -100 on padding: transformers' loss
+        with torch.no_grad():
+            got, ref = fe(input_ids=ids, attention_mask=mask, labels=labels), hf(input_ids=ids, attention_mask=mask,
+                                                                                  labels=labels)
+        assert abs(got.loss.item() - ref.loss.item()) <= 1e-5 * abs(ref.loss.item())
