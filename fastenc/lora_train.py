@@ -400,10 +400,11 @@ def save_lora(model, folder, adapter_name: str | None = None) -> Path:
             tensors[f"base_model.model.{peft_name}.lora_B.weight"] = ad.lora_B[key]
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    from fastenc.models.saving import write_files
+
     config = {k: _jsonable(v) for k, v in st.configs[adapter_name].items()}
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
-              str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return folder
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    return write_files("save_lora", folder, {
+        "adapter_model.safetensors": lambda path: save_file(cpu, path, metadata={"format": "pt"}),
+        "adapter_config.json": lambda path: Path(path).write_text(text)})

@@ -6,10 +6,16 @@ copied beside the weights, so transformers' AutoTokenizer and fastenc.from_pretr
 The config is the Hugging Face config the model was read from (its dropouts, labels and problem type updated), or,
 for a model built from a fastenc config, one made from the fastenc fields (ModernBERT's RoPE thetas as
 rope_parameters per layer type).
+
+Every file is written under a temporary name in the destination folder and renamed when all are complete
+(write_files); a failure removes the temporary files, leaves any earlier file of the same name as it was, and
+raises a SaveError (an OSError) naming the operation, the folder, the file and the OS's reason.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -49,12 +55,66 @@ def hf_config_dict(cfg, arch: str, task: str, dtype: torch.dtype) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
+class SaveError(OSError):
+    """Writing a saved model, tokenizer or adapter failed: the message names the operation, the folder, the file
+    and the OS's reason (errno and filename as the OS gave them, when it did)."""
+
+    def __init__(self, message: str, errno: int | None = None, filename: str | None = None):
+        super().__init__(message)
+        self.message, self.errno, self.filename = message, errno, filename
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return e.strerror or str(e) or type(e).__name__
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def write_files(op: str, folder, writers: dict) -> Path:
+    """Write files into `folder` (created if needed): writers maps a file name (relative, may hold a subfolder)
+    to write(path: str) that writes it whole. Each is written as .<name>.tmp beside its final name, then all are
+    renamed. On any failure (an OSError, or safetensors' own error on a failed write) the temporary files are
+    removed, no final name is touched, and a SaveError names op, the folder, the file and the reason."""
+    folder = Path(folder)
+    done: list[tuple[Path, Path]] = []
+    name = "."
+    try:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, write in writers.items():
+                dest = folder / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.tmp")
+                done.append((tmp, dest))
+                with open(tmp, "wb"):  # the OS answers here (permissions, read-only, full) before the work
+                    pass
+                write(str(tmp))
+            for tmp, dest in done:
+                name = str(dest.relative_to(folder))
+                os.replace(tmp, dest)
+        except Exception as e:
+            if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":
+                raise
+            raise SaveError(f"{op}: cannot write {name} into {folder}: {_reason(e)}", getattr(e, "errno", None),
+                            str(folder / name)) from None
+    except BaseException:
+        for tmp, _ in done:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+    return folder
+
+
 class SaveMixin:
     """save_pretrained for the fastenc models (config.model_type, task and the architecture's weight map)."""
 
     def save_pretrained(self, folder) -> Path:
         """Write config.json and model.safetensors under transformers' names into `folder` (created if needed);
-        both files are written under temporary names first and renamed when complete. Returns the folder.
+        both files are written under temporary names first and renamed when complete (a failure raises a SaveError
+        naming the folder and the reason, and leaves no partial file under a final name). Returns the folder.
         A model carrying unmerged LoRA adapters is refused (merge_and_unload() first)."""
         from safetensors.torch import save_file
 
@@ -72,12 +132,10 @@ class SaveMixin:
         dtype = next(iter(hf.values())).dtype
         config = hf_config_dict(cfg, arch, task, dtype)
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp_w, tmp_c = folder / ".model.safetensors.tmp", folder / ".config.json.tmp"
-        save_file(hf, str(tmp_w), metadata={"format": "pt"})
-        tmp_c.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp_w, folder / "model.safetensors")
-        os.replace(tmp_c, folder / "config.json")
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        write_files("save_pretrained", folder, {
+            "model.safetensors": lambda path: save_file(hf, path, metadata={"format": "pt"}),
+            "config.json": lambda path: Path(path).write_text(text)})
         save_tokenizer(self, folder)
         return folder
 
@@ -90,22 +148,20 @@ def save_tokenizer(model, folder: Path) -> list[str]:
     src = getattr(model, "tokenizer_folder", None)
     if tok is None or (src is not None and src.is_dir() and src.samefile(folder)):
         return []
-    written = []
+    writers = {}
     for name in TOKENIZER_FILES + (ENCODER_FILES if model.task == "base" else ()):
-        dest = folder / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp")
         if src is not None and (src / name).is_file():
-            shutil.copyfile(src / name, tmp)
+            writers[name] = functools.partial(lambda s, path: shutil.copyfile(s, path), src / name)
         elif name == "tokenizer.json":
-            from tokenizers import Tokenizer
+            writers[name] = functools.partial(_write_tokenizer, tok)
+    write_files("save_pretrained (tokenizer)", folder, writers)
+    return list(writers)
 
-            plain = Tokenizer.from_str(tok.to_str())  # without the truncation encode() sets
-            plain.no_truncation()
-            plain.no_padding()
-            plain.save(str(tmp))
-        else:
-            continue
-        os.replace(tmp, dest)
-        written.append(name)
-    return written
+
+def _write_tokenizer(tok, path: str) -> None:
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(tok.to_str())  # without the truncation encode() sets
+    plain.no_truncation()
+    plain.no_padding()
+    plain.save(path)
