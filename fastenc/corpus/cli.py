@@ -39,8 +39,12 @@ def add_parser(subparsers) -> None:
 def main(args) -> int:
     import torch
 
+    from fastenc import cli_checks
     from fastenc.corpus import embed
     from fastenc.corpus.job import EmbedInterrupted
+
+    cli_checks.device(args.device)  # (the job checks its sizes itself, before any work)
+    from fastenc.corpus.writers import WriteError
 
     inputs = args.inputs if len(args.inputs) > 1 else args.inputs[0]
     if isinstance(inputs, list):
@@ -68,6 +72,9 @@ def main(args) -> int:
     except EmbedInterrupted as e:
         print(str(e), file=sys.stderr)
         return 130
+    except WriteError as e:  # the output's disk or folder failed: complete shards are kept for --resume
+        print(f"fastenc {e}", file=sys.stderr)
+        return 1
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, PermissionError, ImportError) as e:
         print(f"fastenc embed: {e}" if not str(e).startswith("embed:") else f"fastenc {e}", file=sys.stderr)
         return 2

@@ -66,3 +66,9 @@ def test_every_help_page_prints():
     assert parser.format_help().strip()
     for name, sub in subs.choices.items():
         assert sub.format_help().startswith(f"usage: fastenc {name}"), name
+
+
+def test_bad_device_in_a_process(tmp_path):
+    # (tests/cli/test_cli_checks.py checks every command in-process; here one real process, no traceback)
+    p = fastenc("embed", str(tmp_path / "in.txt"), "--out", str(tmp_path / "o.npy"), "--device", "bogus")
+    assert_one_line_error(p, "fastenc embed:", "--device", "'bogus'")
