@@ -9,9 +9,10 @@ bindings_cuda.cpp the CUDA wrappers, which the cpu half never compiles.
 Each half is loaded at its first use, never at import, in this order:
   1. an ahead-of-time build (`fastenc._C` / `fastenc._C_cuda`, FASTENC_BUILD_EXT=1 pip install ...), if its recorded
      build metadata matches this torch; a mismatch is reported, not crashed on;
-  2. a JIT build with ninja through torch.utils.cpp_extension.load, cached under $FASTENC_EXT_DIR/<half>
-     (default ~/.cache/fastenc/<torch version>/<half>); "building the C++ extension" is printed only when the
-     sources or flags changed since the cached build (or there is none).
+  2. a JIT build with ninja (torch.utils.cpp_extension.load) in $FASTENC_EXT_DIR/<half>-<key> (default under
+     ~/.cache/fastenc/ext-<torch version>-<hash>/), key = build_key: a digest of the sources' content and the flags,
+     so two fastenc checkouts or versions keep their own builds; a process needing a folder another is building
+     waits for its flock; "building the C++ extension" is printed only when no complete build of the key exists.
 A failed half makes its own backend unavailable with the compiler's message; the other half and the other
 backends go on.
 """
@@ -126,11 +127,22 @@ def build_dir() -> Path:
     return d
 
 
-def half_dir(kind: str) -> Path:
-    """The JIT build folder of one half: build_dir()/cpu or build_dir()/cuda."""
-    d = build_dir() / _half(kind).kind
+def build_key(kind: str, root: Path | None = None) -> str:
+    """The cache key of a JIT build of one half: build_stamp of the sources under `root` (default csrc_dir()) with
+    the flags this process builds with (cflags, the half's define, nvcc_flags for cuda)."""
+    return build_stamp(kind, cflags() + define_flags(kind) + (nvcc_flags() if kind == "cuda" else []), root)
+
+
+def half_dir(kind: str, key: str | None = None) -> Path:
+    """The JIT build folder of one half: build_dir()/<kind>-<first 16 hex digits of key (default build_key)>."""
+    d = build_dir() / f"{_half(kind).kind}-{(key or build_key(kind))[:16]}"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def lock_file(kind: str, key: str | None = None) -> Path:
+    """The flock file guarding half_dir(kind, key), beside it: build_dir()/.<kind>-<key>.build.lock."""
+    return build_dir() / f".{_half(kind).kind}-{(key or build_key(kind))[:16]}.build.lock"
 
 
 # ---------------------------------------------------------------- build metadata
@@ -240,10 +252,11 @@ def _compiler_missing() -> str | None:
     return None
 
 
-def build_stamp(kind: str, flags: list[str]) -> str:
+def build_stamp(kind: str, flags: list[str], root: Path | None = None) -> str:
     """Digest of what a JIT build of the half compiles: the content of its sources and the headers they can
-    include, the flags, torch, Python and the compiler named by CXX."""
-    root = csrc_dir()
+    include (under `root`, default csrc_dir(), by relative path: two identical copies give one digest), the flags,
+    torch, Python and the compiler named by CXX."""
+    root = Path(root) if root is not None else csrc_dir()
     if kind == "cpu":
         files = [root / "bindings.cpp", *root.glob("cpu/*"), *root.glob("common/*")]
     else:
@@ -282,23 +295,22 @@ BATON = "lock"  # the file torch.utils.cpp_extension.load creates in the build f
 
 
 @contextmanager
-def build_lock(kind: str):
-    """Hold an exclusive flock on build_dir()/.<kind>.build.lock while one half builds or loads its JIT build.
-
-    torch's own guard is a plain file (BATON) in the build folder that its builder deletes when done: a build killed
-    midway leaves it, and every later build of that folder waits for it forever. The kernel drops a flock when its
-    process dies, so every fastenc build holding this lock makes a baton found under it stale: it is removed (with
-    a message). The lock file lives beside the half's folder, which a stale build's cleanup empties. Without fcntl
+def build_lock(kind: str, key: str | None = None):
+    """Hold an exclusive flock on lock_file(kind, key) while one half builds or loads its JIT build in
+    half_dir(kind, key): another process needing that build waits here until this one is done. torch's own guard,
+    a file (BATON) its builder deletes when done, is left by a killed build and would block later builds forever;
+    the kernel drops a flock when its process dies, so a baton found under this lock is stale and removed (with a
+    message). The lock file lives beside the half's folder, which a stale build's cleanup empties. Without fcntl
     (not POSIX) this only yields."""
     try:
         import fcntl
     except ImportError:
         yield
         return
-    with open(build_dir() / f".{kind}.build.lock", "a") as fh:
+    with open(lock_file(kind, key), "a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
-            baton = half_dir(kind) / BATON
+            baton = half_dir(kind, key) / BATON
             if baton.exists():
                 print(f"fastenc: removing {baton}, left by a build that did not finish", file=sys.stderr, flush=True)
                 baton.unlink(missing_ok=True)
@@ -310,21 +322,21 @@ def build_lock(kind: str):
 def _jit_build(kind: str, verbose: bool | None):
     """Build (or load the cached build of) one half with ninja, under build_lock; RuntimeError with the compiler's
     message."""
-    with build_lock(kind):
-        return _jit_build_locked(kind, verbose)
+    stamp = build_key(kind)
+    with build_lock(kind, stamp):
+        return _jit_build_locked(kind, verbose, stamp)
 
 
-def _jit_build_locked(kind: str, verbose: bool | None):
+def _jit_build_locked(kind: str, verbose: bool | None, stamp: str):
     from torch.utils.cpp_extension import load as _load
 
     cuda = kind == "cuda"
-    d = half_dir(kind)
+    d = half_dir(kind, stamp)
     _clear_stale_build(d)
     srcs = sources(kind)
     name = f"fastenc_ext_{kind}"
     flags = cflags() + define_flags(kind)
     cuda_flags = nvcc_flags() if cuda else None
-    stamp = build_stamp(kind, flags + (cuda_flags or []))
     cached = is_cached(d, name, stamp)
     if not cached:
         what = "cuda for " + ", ".join(f"sm_{a}" for a in cuda_archs()) if cuda else "cpu"
@@ -391,16 +403,12 @@ def _find_or_build(kind: str, verbose: bool | None):
 
 def load(verbose: bool | None = None):
     """The cpu half (CPU kernels, buffer cache), built on first use. Raises RuntimeError with the reason."""
-    if _CPU.module is not None:
-        return _CPU.module
-    return _load_half(_CPU, verbose)
+    return _CPU.module or _load_half(_CPU, verbose)
 
 
 def load_cuda(verbose: bool | None = None):
     """The cuda half (CUDA kernels), built on first use. Raises RuntimeError with the reason."""
-    if _CUDA.module is not None:
-        return _CUDA.module
-    return _load_half(_CUDA, verbose)
+    return _CUDA.module or _load_half(_CUDA, verbose)
 
 
 def loaded(kind: str = "cpu") -> bool:

@@ -119,13 +119,14 @@ def test_build_lock_is_released_when_its_process_dies(tmp_path, monkeypatch):
     p = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert p.stdout.readline().strip() == "held"
-        with open(tmp_path / ".cpu.build.lock", "a") as fh:  # held by the live process: a try fails at once
+        with open(extension.lock_file("cpu"), "a") as fh:  # held by the live process: a try fails at once
             with pytest.raises(BlockingIOError):
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         p.kill()
         p.wait(timeout=60)
-    baton = tmp_path / "cpu" / extension.BATON
+    baton = extension.half_dir("cpu") / extension.BATON
+    assert baton.parent.parent == tmp_path
     assert baton.exists()
     with extension.build_lock("cpu"):
         assert not baton.exists()
@@ -161,6 +162,51 @@ def test_build_stamp_follows_sources_and_flags(tmp_path, monkeypatch):
     hdr = next(src.glob("cpu/*.h"))
     hdr.write_text(hdr.read_text() + "\n// changed\n")
     assert not extension.is_cached(d, "m", extension.build_stamp("cpu", ["-O3"]))
+
+
+def test_build_folder_is_keyed_by_the_sources(tmp_path, monkeypatch):
+    """Two copies of the sources with different content build in different folders (and lock different files);
+    identical copies anywhere map to the same one. Nothing is compiled."""
+    monkeypatch.setenv("FASTENC_EXT_DIR", str(tmp_path / "ext"))
+    a, b, same = tmp_path / "a" / "csrc", tmp_path / "b" / "csrc", tmp_path / "c" / "csrc"
+    for d in (a, b, same):
+        shutil.copytree(extension.csrc_dir(), d)
+    f = next(b.glob("cpu/*.cpp"))
+    f.write_text(f.read_text() + "\n// another version\n")
+    for kind in ("cpu", "cuda"):
+        ka, kb, ks = (extension.build_key(kind, d) for d in (a, b, same))
+        assert ka == ks and ka != kb
+        assert extension.half_dir(kind, ka) == extension.half_dir(kind, ks) != extension.half_dir(kind, kb)
+        assert extension.lock_file(kind, ka) != extension.lock_file(kind, kb)
+        assert extension.half_dir(kind, ka).parent == tmp_path / "ext"
+    assert extension.half_dir("cpu", ka) != extension.half_dir("cuda", ka)
+    monkeypatch.setattr(extension, "cflags", lambda aot=False: ["-O2"])  # other flags: another folder
+    assert extension.build_key("cpu", a) != ka
+    monkeypatch.undo()
+    monkeypatch.setenv("FASTENC_EXT_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(extension, "csrc_dir", lambda: a)  # the default key is that of this checkout's sources
+    assert extension.half_dir("cpu") == extension.half_dir("cpu", extension.build_key("cpu", a))
+
+
+def test_a_build_in_progress_is_waited_for(tmp_path, monkeypatch):
+    """A process needing a build folder that another is building waits for the other's flock (it never loads a
+    half-built module): here the holder sleeps, and the waiter enters only after it released."""
+    pytest.importorskip("fcntl")
+    monkeypatch.setenv("FASTENC_EXT_DIR", str(tmp_path))
+    holder = ("import time\nfrom fastenc import extension\n"
+              "with extension.build_lock('cpu'):\n"
+              "    print('held', flush=True)\n"
+              "    time.sleep(2)\n"
+              "    (extension.half_dir('cpu') / 'done').touch()\n")
+    p = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, FASTENC_EXT_DIR=str(tmp_path)))
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with extension.build_lock("cpu"):
+            assert (extension.half_dir("cpu") / "done").exists()
+    finally:
+        p.kill()
+        p.wait(timeout=60)
 
 
 def _setup_module():
