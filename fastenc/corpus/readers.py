@@ -7,7 +7,9 @@ file's path relative to the folder ("part-1.txt:17") when the input is a folder.
 use this scheme, so their outputs can be compared row by row.
 
 Bad rows (empty text, a text field that is not a string or is missing, undecodable bytes, an unparsable line) are
-skipped and counted, or raise an error naming the file and row, by the `on_bad` policy.
+skipped and counted, or raise an error naming the file and row, by the `on_bad` policy. A field named by
+text_field / id_field must be in a CSV's header or parquet's schema, or in at least one row of a .jsonl file. Text
+is UTF-8; a byte order mark at the start of a file (or of standard input) is dropped.
 
 Blocks (the Ray engine): one file split into runs of consecutive data rows that separate workers read; each block
 yields exactly the records (ids, row numbers, bad-row reasons and errors) the whole-file reader gives for its rows.
@@ -29,6 +31,10 @@ FORMATS = (".txt", ".jsonl", ".csv", ".parquet")
 
 class BadRowError(ValueError):
     """A bad input row under on_bad='error'."""
+
+
+class MissingFieldError(ValueError):
+    """Standard input's CSV header lacks the text (or id) field."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,41 @@ def resolve_sources(inputs: str | Path | list, stdin_format: str = ".txt") -> li
     return out
 
 
+def id_type(sources: list[Source] | None, id_field: str | None) -> str:
+    """The id column's type of the whole output, known before the first row: 'string' for --id-field values and
+    folder (or several inputs') ids, 'int64' for row numbers of one file, standard input or in-memory texts."""
+    if sources is not None and (id_field is not None or any(s.prefix for s in sources)):
+        return "string"
+    return "int64"
+
+
+def _jsonl_field_scan(path: Path, fields: list[str]) -> tuple[set[str], list | None, bool]:
+    """(fields of `fields` found in some row, the first object row's field names, any data row at all), reading
+    rows until every field of `fields` is found (usually in the first row)."""
+    found: set[str] = set()
+    first = None
+    rows = False
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+        for line in fh:
+            rows = True
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue  # a bad row is the row policy's business
+            if not isinstance(obj, dict):
+                continue
+            if first is None:
+                first = list(obj)
+            found.update(f for f in fields if f in obj)
+            if len(found) == len(fields):
+                break
+    return found, first, rows
+
+
 def check_fields(sources: list[Source], text_field: str, id_field: str | None) -> None:
-    """Before any work: the text (and id) field exists in every CSV header, parquet schema and first JSON line."""
+    """Before any work: the text (and id) field is in every CSV header and parquet schema, and in at least one row
+    of every .jsonl file that has rows (a row without it is a bad row, under the row policy)."""
+    wanted = [(text_field, "text_field")] + ([(id_field, "id_field")] if id_field is not None else [])
     for src in sources:
         if src.path is None or src.fmt == ".txt":
             continue
@@ -114,23 +153,19 @@ def check_fields(sources: list[Source], text_field: str, id_field: str | None) -
             except Exception as e:  # noqa: BLE001 (pyarrow raises several types for a corrupt file)
                 raise ValueError(f"embed: {name!r} is not a readable parquet file: {e}") from None
         elif src.fmt == ".csv":
-            with open(src.path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
-                names = next(csv.reader(fh), [])
-        else:
-            names = None
-            with open(src.path, encoding="utf-8", errors="surrogateescape") as fh:
-                for line in fh:
-                    if line.strip():
-                        try:
-                            obj = json.loads(line)
-                        except ValueError:
-                            break  # a bad first row is the row policy's business
-                        names = list(obj) if isinstance(obj, dict) else None
-                        break
+            with open(src.path, newline="", encoding="utf-8-sig", errors="surrogateescape") as fh:
+                names = next(csv.reader(fh), None)
             if names is None:
-                continue
-        for field, what in ((text_field, "text_field"), (id_field, "id_field")):
-            if field is not None and field not in names:
+                continue  # an empty file: no rows, nothing to check
+        else:
+            found, first, rows = _jsonl_field_scan(src.path, [f for f, _ in wanted])
+            for field, what in wanted:
+                if rows and field not in found:
+                    raise ValueError(f"embed: {what} {field!r} is not a field of any row of {name!r} (fields of "
+                                     f"its first object row: {first})")
+            continue
+        for field, what in wanted:
+            if field not in names:
                 raise ValueError(f"embed: {what} {field!r} is not a field of {name!r} (fields: {names})")
 
 
@@ -143,9 +178,10 @@ def _undecodable(s: str) -> bool:
 
 
 def _text_stream(src: Source):
+    """The source as text; a UTF-8 byte order mark at its start is dropped."""
     if src.path is None:
-        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape", newline="")
-    return open(src.path, encoding="utf-8", errors="surrogateescape", newline="")
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return open(src.path, encoding="utf-8-sig", errors="surrogateescape", newline="")
 
 
 def _line_rows(lines: Iterable[str], fmt: str, text_field: str, id_field: str | None):
@@ -194,7 +230,13 @@ def _rows(src: Source, text_field: str, id_field: str | None) -> Iterator[tuple[
             yield from _line_rows(fh, src.fmt, text_field, id_field)
     elif src.fmt == ".csv":
         with _text_stream(src) as fh:
-            yield from _csv_rows(csv.DictReader(fh), text_field, id_field)
+            reader = csv.DictReader(fh)
+            if src.path is None and reader.fieldnames is not None:  # files are checked before any work
+                for field, what in ((text_field, "text_field"), (id_field, "id_field")):
+                    if field is not None and field not in reader.fieldnames:
+                        raise MissingFieldError(f"embed: {what} {field!r} is not a field of the CSV on standard "
+                                                f"input (fields: {reader.fieldnames})")
+            yield from _csv_rows(reader, text_field, id_field)
     else:
         batches = parquet().ParquetFile(src.path).iter_batches(columns=_parquet_columns(text_field, id_field),
                                                                batch_size=4096)
@@ -283,9 +325,18 @@ def _raw_lines(fh) -> Iterator[bytes]:
             yield from _LINE.findall(line)
 
 
-def _decoded(lines: Iterable[bytes]) -> Iterator[str]:
+BOM = b"\xef\xbb\xbf"
+
+
+def _decoded(lines: Iterable[bytes], at_start: bool = False) -> Iterator[str]:
+    """Lines decoded as the text readers decode them (at_start: the first line is the file's, whose byte order
+    mark is dropped)."""
     # \r and \n never occur inside a UTF-8 sequence, so decoding line by line equals decoding the stream
-    return (line.decode("utf-8", "surrogateescape") for line in lines)
+    for line in lines:
+        if at_start:
+            line = line[len(BOM):] if line.startswith(BOM) else line
+            at_start = False
+        yield line.decode("utf-8", "surrogateescape")
 
 
 def split_source(src: Source, rows_per_block: int) -> list[Block]:
@@ -361,13 +412,13 @@ def _block_rows(block: Block, text_field: str, id_field: str | None) -> Iterator
     with open(src.path, "rb") as fh:
         if src.fmt == ".csv":
             # a later block is read with the header's field names, as csv.DictReader reads it (its first record)
-            header = next(csv.reader(_decoded(_raw_lines(fh))), None) if block.first_row else None
+            header = next(csv.reader(_decoded(_raw_lines(fh), True)), None) if block.first_row else None
             fh.seek(block.offset)
-            reader = csv.DictReader(_decoded(_raw_lines(fh)), fieldnames=header)
+            reader = csv.DictReader(_decoded(_raw_lines(fh), block.offset == 0), fieldnames=header)
             yield from itertools.islice(_csv_rows(reader, text_field, id_field), block.rows)
         else:
             fh.seek(block.offset)
-            lines = _decoded(_raw_lines(fh))
+            lines = _decoded(_raw_lines(fh), block.offset == 0)
             yield from itertools.islice(_line_rows(lines, src.fmt, text_field, id_field), block.rows)
 
 
