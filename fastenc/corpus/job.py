@@ -1,5 +1,7 @@
 """The corpus job in one process: read -> tokenize a window -> token-budget batches -> embed -> restore order ->
-write a shard, until the input ends; resumable and interrupt-safe (see writers.py)."""
+write a shard, until the input ends; resumable and interrupt-safe (see writers.py). A resumed run re-reads the
+consumed rows window by window, refuses when they differ from the interrupted run's and recomputes any shard that
+fails verification (see manifest.py)."""
 from __future__ import annotations
 
 import itertools
@@ -16,10 +18,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastenc.corpus import manifest as mf
 from fastenc.corpus import writers
 from fastenc.corpus.batching import token_budget_batches
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
-from fastenc.corpus.readers import BadRowError, Record, check_fields, iter_records, iter_texts, resolve_sources
+from fastenc.corpus.readers import (BadRowError, MissingFieldError, Record, check_fields, id_type, iter_records,
+                                    iter_texts, resolve_sources)
 
 
 class EmbedInterrupted(KeyboardInterrupt):
@@ -33,6 +37,7 @@ class Summary:
     truncated: int = 0      # texts cut at max_length
     skipped: int = 0        # bad rows skipped
     resumed_rows: int = 0   # rows taken from an interrupted run's shards
+    recomputed: int = 0     # shards of an interrupted run that failed verification and were computed again
     seconds: float = 0.0
     shards: int = 0
     bad: list = field(default_factory=list)   # first few (source, row, reason) of skipped rows
@@ -47,7 +52,8 @@ class Summary:
         trate = self.tokens / self.seconds if self.seconds > 0 else 0.0
         return (f"embed: {self.texts} texts, {self.tokens} tokens in {self.seconds:.1f} s ({rate:.0f} texts/s, "
                 f"{trate:.0f} tokens/s); truncated {self.truncated}, skipped {self.skipped}"
-                + (f", resumed after {self.resumed_rows} rows" if self.resumed_rows else ""))
+                + (f", resumed after {self.resumed_rows} rows" if self.resumed_rows else "")
+                + (f", recomputed {self.recomputed} shard(s) that failed verification" if self.recomputed else ""))
 
 
 @dataclass
@@ -198,22 +204,25 @@ class Window:
                 "truncated": self.truncated, "skipped": len(bad), "bad": bad[:20]}
 
 
+def embed_window(chunk: list[Record], model, pooling: str, normalize: bool, max_length: int, opts: Options,
+                 on_batch=None) -> Window:
+    """Embed one window: tokenize it, sort it by length, run token-budget batches, restore the window's order."""
+    keep = np.array([r.text is not None for r in chunk], dtype=bool)
+    texts = [r.text for r in chunk if r.text is not None]
+    seqs, cut = tokenize(model, texts, max_length) if texts else ([], [])
+    emb = np.full((len(chunk), int(model.config.hidden_size)), np.nan, dtype=np.float32)
+    if seqs:
+        emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size, on_batch)
+    return Window(chunk, emb, keep, sum(map(len, seqs)), sum(cut))
+
+
 def iter_windows(records: Iterator[Record], model, pooling: str, normalize: bool, max_length: int, opts: Options,
                  on_batch=None) -> Iterator[Window]:
-    """Embed `records` a window at a time: tokenize the window, sort it by length, run token-budget batches,
-    restore the window's order. Each window's result depends on that window's rows only, so a resumed run (which
-    starts at a window boundary) computes the same batches and the same bits."""
-    hidden = int(model.config.hidden_size)
+    """Embed `records` a window at a time (embed_window). Each window's result depends on that window's rows only,
+    so a resumed run (which starts at a window boundary) computes the same batches and the same bits."""
     for chunk in _windows(records, opts.window):
-        keep = np.array([r.text is not None for r in chunk], dtype=bool)
-        texts = [r.text for r in chunk if r.text is not None]
-        seqs, cut = tokenize(model, texts, max_length) if texts else ([], [])
-        emb = np.full((len(chunk), hidden), np.nan, dtype=np.float32)
-        if seqs:
-            emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size,
-                                  on_batch)
-        yield Window(chunk, emb, keep, sum(map(len, seqs)), sum(cut))
-        del chunk, texts, seqs, cut, emb, keep
+        yield embed_window(chunk, model, pooling, normalize, max_length, opts, on_batch)
+        del chunk
         release_between_windows()  # the next window starts from the same memory state as this one did
 
 
@@ -269,19 +278,12 @@ def _sources(inputs, stdin_format: str, opts: Options):
     return None
 
 
-def _params(sources, folder, opts: Options, pooling, normalize, max_length, fmt, dtype, hidden) -> dict[str, Any]:
-    def stat(src):
-        if src.path is None:
-            return ["<stdin>", None, None]
-        st = src.path.stat()
-        return [str(src.path.resolve()), st.st_size, int(st.st_mtime)]
-
-    return {"inputs": [stat(s) for s in sources] if sources is not None else "<texts>",
-            "model": str(folder.resolve()) if folder is not None else "<in-memory model>",
+def _params(folder, opts: Options, pooling, normalize, max_length, fmt, dtype, hidden, ids: str) -> dict[str, Any]:
+    return {"model": str(folder.resolve()) if folder is not None else "<in-memory model>",
             "pooling": pooling, "normalize": normalize, "max_length": max_length,
             "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,
             "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "format": fmt,
-            "dtype": str(dtype), "hidden": hidden}
+            "dtype": str(dtype), "hidden": hidden, "id_type": ids}
 
 
 def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype: torch.dtype | None = None,
@@ -293,39 +295,61 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
     out = Path(out)
     fmt = writers.out_format(out)
     sources = _sources(inputs, stdin_format, opts)
+    if sources is not None:
+        writers.check_apart(out, inputs)
     writers.check_target(out, resume, overwrite)  # before the model loads
     pin_mmap_threshold()
     model, folder = load_model(model, device, dtype)
     pooling, normalize, max_length = resolve_options(model, opts)
     hidden = int(model.config.hidden_size)
-    params = _params(sources, folder, opts, pooling, normalize, max_length, fmt,
-                     next(model.parameters()).dtype, hidden)
-    manifest = writers.prepare(out, params, resume, overwrite)
+    ids = id_type(sources, opts.id_field)
+    params = _params(folder, opts, pooling, normalize, max_length, fmt, next(model.parameters()).dtype, hidden, ids)
+    manifest = writers.prepare(out, params, mf.input_entries(sources), resume, overwrite)
+    manifest["shards"] = [s for s in manifest["shards"] if s["rows_read"]]  # not an empty input's empty shard
     wd = writers.start(out, manifest, overwrite)
 
     records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
         else iter_texts(inputs, opts.on_bad)
     summary = Summary()
-    done_rows = sum(s["rows_read"] for s in manifest["shards"])
-    if done_rows:
-        for s in manifest["shards"]:
-            summary.add(s)
-        summary.resumed_rows = done_rows
-        records = itertools.islice(records, done_rows, None)
+    old = len(manifest["shards"])  # the interrupted run's shards: verified as their windows are read again
+    digest = mf.Digest(manifest["inputs"])
+    done = 0  # windows finished
     bar = _progress(opts.progress, None)
     t0 = time.perf_counter()
     try:
         with _sigterm_as_interrupt():
-            for w in iter_windows(records, model, pooling, normalize, max_length, opts, _bar_update(bar, t0)):
-                entry = {"file": writers.write_shard(wd, fmt, len(manifest["shards"]), [r.id for r in w.records],
-                                                     w.emb, w.keep), **w.stats()}
-                manifest["shards"].append(entry)
+            for chunk in _windows(records, opts.window):
+                pieces = digest.pieces(chunk)
+                if done < old:
+                    entry = manifest["shards"][done]
+                    mf.check_window(entry, pieces, manifest["inputs"])
+                    keep = np.array([r.text is not None for r in chunk], dtype=bool)
+                    if mf.verify_shard(wd, entry, fmt, hidden, ids, chunk, keep) is None:
+                        summary.add(entry)
+                        summary.resumed_rows += len(chunk)
+                        done += 1
+                        continue
+                    summary.recomputed += 1
+                w = embed_window(chunk, model, pooling, normalize, max_length, opts, _bar_update(bar, t0))
+                entry = {**writers.write_shard(wd, fmt, done, [r.id for r in w.records], w.emb, w.keep, ids),
+                         **w.stats(), "input": pieces}
+                if done < old:
+                    manifest["shards"][done] = entry
+                else:
+                    manifest["shards"].append(entry)
+                    manifest["inputs"] = digest.state()
                 writers.save_manifest(wd, manifest)
                 summary.add(entry)
-                del w, entry  # not held while the next window is read and embedded
-    except BadRowError:
+                done += 1
+                del w, entry, chunk  # not held while the next window is read and embedded
+                release_between_windows()  # the next window starts from the same memory state as this one did
+            if done < old:
+                mf.check_ended(manifest["shards"][done], manifest["inputs"])
+    except (BadRowError, MissingFieldError) as e:
         if bar is not None:
             bar.close()
+        if done < old:  # the interrupted run read these rows without this error
+            raise mf.ResumeError(f"embed: cannot resume: the input changed since the interrupted run ({e})") from None
         writers.discard(wd)  # the input has to change: nothing of this run can be resumed
         raise
     except KeyboardInterrupt:

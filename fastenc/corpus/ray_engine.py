@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from fastenc.corpus import manifest as mf
 from fastenc.corpus import writers
 from fastenc.corpus.job import (EmbedInterrupted, Options, Summary, default_model_path, embed_ids,
                                 tokenize)
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
-from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, iter_block,
+from fastenc.corpus.readers import (BadRowError, Block, Source, bad_row_error, check_fields, id_type, iter_block,
                                     resolve_sources, split_source)
 
 
@@ -114,6 +115,7 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
     out = Path(out)
     if writers.out_format(out) != ".parquet":
         raise ValueError(f"embed: engine='ray' writes parquet shards: out must end in .parquet, got {str(out)!r}")
+    writers.check_apart(out, inputs)
     writers.check_target(out, False, overwrite)
     folder = Path(model) if model is not None else default_model_path()
     if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
@@ -187,11 +189,13 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     import ray.data
 
     pooling, normalize, max_length, hidden = settings
-    str_ids = bool(opts.id_field) or any(s.prefix for s in sources)
-    params = {"engine": "ray", "inputs": [str(s.path) for s in sources], "model": str(folder.resolve()),
+    ids_type = id_type(sources, opts.id_field)  # one id column type for every shard, as the in-process job
+    str_ids = ids_type == "string"
+    params = {"engine": "ray", "model": str(folder.resolve()),
               "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
-              "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden}
-    manifest = writers.prepare(out, params, False, overwrite)
+              "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden,
+              "id_type": ids_type}
+    manifest = writers.prepare(out, params, mf.input_entries(sources), False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
     ctx = ray.data.DataContext.get_current()
@@ -237,11 +241,11 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
                                                      table.column("bad").to_pylist()) if b]
             if bad_rows and opts.on_bad == "error":
                 raise bad_row_error(*bad_rows[0])
-            entry = {"file": writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep),
+            entry = {**writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep, ids_type),
                      "rows_read": len(bad), "texts": int(keep.sum()),
                      "tokens": int(np.asarray(table.column("tokens").to_numpy())[keep].sum()),
                      "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
-                     "skipped": len(bad_rows), "bad": bad_rows[:20]}
+                     "skipped": len(bad_rows), "bad": bad_rows[:20], "input": []}  # a Ray run is not resumed
             manifest["shards"].append(entry)
             writers.save_manifest(wd, manifest)
             summary.add(entry)

@@ -1,24 +1,54 @@
 """Sharded, resumable output of the corpus job.
 
 While a job runs, everything lives in `<out>.partial/`: one shard per window of input rows (`part-00000.parquet` or
-`.npy`) and `_manifest.json`, each written to a temporary name and renamed when whole, the manifest after its shard.
-An interrupted job leaves complete shards and a manifest that names them; `resume` continues after the last one.
-When every row is written the output takes its final name: a `.parquet` output is the folder of shards (a parquet
-dataset: `pyarrow.parquet.read_table(out)`) with its manifest; a `.npy` output is one (rows, hidden) float32 array
-in input order, assembled from the shards one at a time (bounded memory), skipped rows as NaN rows.
+`.npy`) and `_manifest.json` (see manifest.py), each serialized in memory, written to a temporary name, flushed to
+disk and renamed when whole, the manifest after its shard (with the shard's checksum). An interrupted job leaves
+complete shards and a manifest that names them; `resume` verifies them and continues after the last one. When every
+row is written the output takes its final name: a `.parquet` output is the folder of shards (a parquet dataset:
+`pyarrow.parquet.read_table(out)`; one id column type throughout, an empty input gives one empty shard) with its
+manifest; a `.npy` output is one (rows, hidden) float32 array in input order, assembled from the shards one at a
+time (bounded memory), skipped rows as NaN rows. The output is checked to open with the expected rows before it
+takes its final name. A write that fails raises WriteError naming the folder, the operation and the OS's reason,
+and leaves nothing under a final name.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-MANIFEST = "_manifest.json"  # "_" prefix: parquet readers skip it
+from fastenc.corpus.manifest import MANIFEST, load_for_resume, new_manifest
+
 OUT_FORMATS = (".parquet", ".npy")
+
+
+class WriteError(OSError):
+    """Writing the job's output failed: the message names the folder, the operation and the OS's reason."""
+
+
+@contextmanager
+def _writing(op: str, folder: Path, cleanup: Path | None = None):
+    """Turn an OSError in the block into a WriteError naming `op` and `folder`; remove `cleanup` if it was left."""
+    try:
+        yield
+    except OSError as e:
+        if cleanup is not None:
+            try:
+                _remove(cleanup)
+            except OSError:
+                pass
+        if isinstance(e, WriteError):
+            raise
+        err = WriteError(f"embed: cannot {op} in {str(folder)!r}: {e.strerror or e}")
+        err.errno = e.errno
+        raise err from e
 
 
 def out_format(out: Path) -> str:
@@ -32,10 +62,15 @@ def work_dir(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-def _write_atomic(path: Path, write) -> None:
+def _write_bytes(path: Path, data: bytes, what: str) -> None:
+    """`data` to `path`, whole or not at all: a temporary file, flushed to disk, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    with _writing(f"write {what}", path.parent, cleanup=tmp):
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 def _remove(path: Path) -> None:
@@ -64,41 +99,49 @@ def check_target(out: Path, resume: bool, overwrite: bool) -> None:
         raise FileNotFoundError(f"embed: the folder of out {str(out)!r} does not exist")
 
 
-def prepare(out: Path, params: dict[str, Any], resume: bool, overwrite: bool) -> dict[str, Any]:
-    """The manifest to continue from (a fresh one unless resuming); resuming with other parameters than the
-    interrupted run's is refused, naming them."""
+def check_apart(out: Path, inputs) -> None:
+    """Before any work: the output (and its work folder) lies neither inside an input folder nor is an input (its
+    shards would be read back as input, or the input replaced)."""
+    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    targets = [out.resolve(), work_dir(out).resolve()]
+    for item in items:
+        if not isinstance(item, (str, Path)) or str(item) == "-":
+            continue
+        p = Path(item).resolve()
+        for t in targets:
+            if p.is_dir() and (t == p or p in t.parents):
+                raise ValueError(f"embed: out {str(out)!r} is inside the input folder {str(item)!r}: its files would "
+                                 "be read back as input; write the output outside the input folders")
+            if t == p or t in p.parents:
+                raise ValueError(f"embed: out {str(out)!r} would replace the input {str(item)!r}; write the output "
+                                 "elsewhere")
+
+
+def prepare(out: Path, params: dict[str, Any], inputs: list[dict[str, Any]], resume: bool,
+            overwrite: bool) -> dict[str, Any]:
+    """The manifest to continue from: a fresh one, or when resuming the interrupted run's, once its settings and
+    inputs are checked (manifest.load_for_resume; each window and shard is verified as the job re-reads it)."""
     check_target(out, resume, overwrite)
     wd = work_dir(out)
-    manifest = {"version": 1, "params": params, "shards": [], "done": False}
     if resume and wd.exists():
-        try:
-            old = json.loads((wd / MANIFEST).read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"embed: cannot resume: {str(wd / MANIFEST)!r} is missing or unreadable ({e})") from None
-        diff = sorted(k for k in set(old.get("params", {})) | set(params) if old.get("params", {}).get(k) != params.get(k))
-        if diff:
-            raise ValueError(f"embed: cannot resume: the interrupted run used other settings for {diff} "
-                             f"(then {[old.get('params', {}).get(k) for k in diff]}, now {[params.get(k) for k in diff]})")
-        for s in old["shards"]:
-            if not (wd / s["file"]).is_file():
-                raise ValueError(f"embed: cannot resume: shard {s['file']!r} named in the manifest is missing")
-        manifest = old
-    return manifest
+        return load_for_resume(wd / MANIFEST, params, inputs)
+    return new_manifest(params, inputs)
 
 
 def start(out: Path, manifest: dict[str, Any], overwrite: bool) -> Path:
     """Create (or reuse, when resuming) the work folder; `overwrite` removes an old output and work folder."""
     wd = work_dir(out)
-    if overwrite:
-        _remove(out)
-        if not manifest["shards"]:
-            _remove(wd)
-    wd.mkdir(parents=True, exist_ok=True)
-    # files of a shard whose manifest entry was never written (interrupted between the two renames) are stale
-    known = {s["file"] for s in manifest["shards"]} | {MANIFEST}
-    for p in wd.iterdir():
-        if p.name not in known:
-            _remove(p)
+    with _writing("prepare the work folder", out.parent):
+        if overwrite:
+            _remove(out)
+            if not manifest["shards"]:
+                _remove(wd)
+        wd.mkdir(parents=True, exist_ok=True)
+        # files of a shard whose manifest entry was never written (interrupted between the two renames) are stale
+        known = {s["file"] for s in manifest["shards"]} | {MANIFEST}
+        for p in wd.iterdir():
+            if p.name not in known:
+                _remove(p)
     save_manifest(wd, manifest)
     return wd
 
@@ -109,55 +152,133 @@ def discard(wd: Path) -> None:
 
 
 def save_manifest(wd: Path, manifest: dict[str, Any]) -> None:
-    _write_atomic(wd / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
+    _write_bytes(wd / MANIFEST, json.dumps(manifest, indent=1).encode(), "the manifest")
 
 
-def write_shard(wd: Path, fmt: str, index: int, ids: list, emb: np.ndarray, keep: np.ndarray) -> str:
+def shard_schema(hidden: int, id_type: str):
+    """The schema of every parquet shard: id (string or int64, one type per output) and embedding."""
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string() if id_type == "string" else pa.int64()),
+                      ("embedding", pa.list_(pa.float32(), hidden))])
+
+
+def _parquet_bytes(ids: list, emb: np.ndarray, hidden: int, id_type: str) -> bytes:
+    import pyarrow as pa
+
+    from fastenc.corpus.readers import parquet
+
+    schema = shard_schema(hidden, id_type)
+    if id_type == "string":
+        ids = [str(i) for i in ids]
+    flat = pa.array(np.ascontiguousarray(emb, dtype=np.float32).reshape(-1), type=pa.float32())
+    table = pa.Table.from_arrays([pa.array(ids, type=schema.field("id").type),
+                                  pa.FixedSizeListArray.from_arrays(flat, hidden)], schema=schema)
+    sink = pa.BufferOutputStream()
+    parquet().write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_shard(wd: Path, fmt: str, index: int, ids: list, emb: np.ndarray, keep: np.ndarray,
+                id_type: str) -> dict[str, Any]:
     """Write one shard: `emb` (rows, hidden) float32 of every input row of the window, `keep` which rows are real
-    (False: a skipped bad row: left out of parquet, NaN in npy). Returns the shard's file name."""
+    (False: a skipped bad row: left out of parquet, NaN in npy), ids as `id_type` ('string' | 'int64'). Returns the
+    manifest's fields of the shard: its file name and the sha256 of its bytes."""
     name = f"part-{index:05d}{fmt}"
     if fmt == ".npy":
         data = emb.copy()
         data[~keep] = np.nan
-        _write_atomic(wd / name, lambda p: np.save(open(p, "wb"), data))
+        buf = io.BytesIO()
+        np.save(buf, data)
+        blob = buf.getvalue()
     else:
-        from fastenc.corpus.readers import parquet
-
-        pq = parquet()
-        import pyarrow as pa
-
         rows = np.flatnonzero(keep)
-        kept_ids = [ids[i] for i in rows]
-        id_arr = pa.array(kept_ids, type=pa.string() if any(isinstance(i, str) for i in kept_ids) else pa.int64())
-        flat = pa.array(np.ascontiguousarray(emb[rows], dtype=np.float32).reshape(-1))
-        table = pa.table({"id": id_arr, "embedding": pa.FixedSizeListArray.from_arrays(flat, emb.shape[1])})
-        _write_atomic(wd / name, lambda p: pq.write_table(table, p))
-    return name
+        blob = _parquet_bytes([ids[i] for i in rows], emb[rows], emb.shape[1], id_type)
+    _write_bytes(wd / name, blob, f"shard {name}")
+    return {"file": name, "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def _check_parquet(wd: Path, hidden: int, id_type: str, rows: int) -> str | None:
+    """None when the folder `wd` opens as one parquet dataset of `rows` rows of the shard schema; else why not."""
+    from fastenc.corpus.readers import parquet
+
+    pq = parquet()
+    want = shard_schema(hidden, id_type)
+    files = sorted(p for p in wd.iterdir() if not p.name.startswith(("_", ".")))
+    if not files:
+        return "it holds no shard"
+    total = 0
+    for p in files:
+        try:
+            f = pq.ParquetFile(p)
+        except Exception as e:  # noqa: BLE001 (pyarrow raises several types for a bad file)
+            return f"{p.name} is not a readable parquet file ({e})"
+        if not f.schema_arrow.equals(want):
+            return f"{p.name} has the schema {f.schema_arrow}, expected {want}"
+        total += f.metadata.num_rows
+    if total != rows:
+        return f"it holds {total} rows, expected {rows}"
+    return None
 
 
 def finish(out: Path, wd: Path, fmt: str, manifest: dict[str, Any], hidden: int) -> None:
-    """All rows written: give the output its final name."""
+    """All rows written: check that the output opens with the expected rows, then give it its final name."""
     manifest["done"] = True
-    save_manifest(wd, manifest)
     if fmt == ".parquet":
-        os.replace(wd, out)
+        id_type = manifest.get("params", {}).get("id_type", "int64")
+        if not manifest["shards"]:  # an empty input: one empty shard, so the output opens as an empty table
+            entry = write_shard(wd, fmt, 0, [], np.empty((0, hidden), np.float32), np.zeros(0, bool), id_type)
+            manifest["shards"].append({**entry, "rows_read": 0, "texts": 0, "tokens": 0, "truncated": 0,
+                                       "skipped": 0, "bad": [], "input": []})
+        save_manifest(wd, manifest)
+        why = _check_parquet(wd, hidden, id_type, sum(s["texts"] for s in manifest["shards"]))
+        if why:
+            raise ValueError(f"embed: the output in {str(wd)!r} does not open as one table: {why}")
+        with _writing(f"rename the finished output to {out.name!r}", out.parent):
+            os.replace(wd, out)
         return
+    save_manifest(wd, manifest)
     total = sum(s["rows_read"] for s in manifest["shards"])
     tmp = out.with_name(out.name + ".tmp")
     # Header, then each shard's rows appended with plain writes: one shard in memory at a time, and no mapping of
     # the output (a memory map's written pages count in the process's resident set, growing with the corpus).
     try:
-        with open(tmp, "wb") as fh:
-            np.lib.format.write_array_header_1_0(fh, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
-                                                      "fortran_order": False, "shape": (total, hidden)})
-            for s in manifest["shards"]:
-                part = np.load(wd / s["file"])
-                if part.dtype != np.float32 or part.shape != (s["rows_read"], hidden):
-                    raise ValueError(f"embed: shard {s['file']!r} holds {part.dtype} {part.shape}, expected float32 "
-                                     f"{(s['rows_read'], hidden)} as its manifest entry says")
-                np.ascontiguousarray(part).tofile(fh)
+        with _writing(f"assemble {out.name!r} from the shards", out.parent, cleanup=tmp):
+            with open(tmp, "wb") as fh:
+                np.lib.format.write_array_header_1_0(fh, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                                                          "fortran_order": False, "shape": (total, hidden)})
+                for s in manifest["shards"]:
+                    part = np.load(wd / s["file"])
+                    if part.dtype != np.float32 or part.shape != (s["rows_read"], hidden):
+                        raise ValueError(f"embed: shard {s['file']!r} holds {part.dtype} {part.shape}, expected "
+                                         f"float32 {(s['rows_read'], hidden)} as its manifest entry says")
+                    np.ascontiguousarray(part).tofile(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        why = _check_npy(tmp, total, hidden)
+        if why:
+            raise ValueError(f"embed: the assembled {str(tmp)!r} does not open as expected: {why}")
+        with _writing(f"rename the finished output to {out.name!r}", out.parent, cleanup=tmp):
+            os.replace(tmp, out)
     except BaseException:
         _remove(tmp)  # the shards stay: nothing is half-written under the final name
         raise
-    os.replace(tmp, out)
-    shutil.rmtree(wd)
+    shutil.rmtree(wd, ignore_errors=True)
+
+
+def _check_npy(path: Path, rows: int, hidden: int) -> str | None:
+    """None when `path` opens with np.load as float32 (rows, hidden) holding every byte of it; else why not."""
+    fmt = np.lib.format
+    try:
+        with open(path, "rb") as fh:
+            version = fmt.read_magic(fh)
+            shape, fortran, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(fh)
+            offset = fh.tell()
+    except Exception as e:  # noqa: BLE001 (numpy raises several types for a bad header)
+        return f"np.load fails ({e})"
+    if dtype != np.float32 or shape != (rows, hidden) or fortran:
+        return f"it holds {dtype} {shape}, expected float32 {(rows, hidden)}"
+    size = path.stat().st_size
+    if size != offset + rows * hidden * 4:
+        return f"it holds {size} bytes, expected {offset + rows * hidden * 4}"
+    return None
