@@ -98,8 +98,10 @@ def _job(args: tuple[str, int, int]) -> dict[str, Any]:
     return out
 
 
-def compile_all(ccs=(90, 80), modules: list[str] | None = None, jobs: int = 1) -> list[dict[str, Any]]:
-    """Compile every spec of every kernel module for each cc; one result dict per (spec, cc)."""
+def compile_all(ccs=(90, 80), modules: list[str] | None = None, jobs: int = 1,
+                on_result=None) -> list[dict[str, Any]]:
+    """Compile every spec of every kernel module for each cc; one result dict per (spec, cc), in work order.
+    on_result(result), if given, is called as each compile finishes (in the order they finish)."""
     results: list[dict[str, Any]] = []
     work: list[tuple[str, int, int]] = []
     for module in modules or kernel_modules():
@@ -111,14 +113,30 @@ def compile_all(ccs=(90, 80), modules: list[str] | None = None, jobs: int = 1) -
         if not specs:
             results.append({"module": module, "name": None, "cc": None, "error": "compile_specs() is empty"})
         work += [(module, i, cc) for i in range(len(specs)) for cc in ccs]
+    report = on_result or (lambda r: None)
+    for r in results:
+        report(r)
+    done: dict[int, dict[str, Any]] = {}
     if jobs > 1 and len(work) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(jobs) as pool:
-            results += list(pool.map(_job, work))
+            futures = {pool.submit(_job, w): i for i, w in enumerate(work)}
+            for f in as_completed(futures):
+                done[futures[f]] = f.result()
+                report(done[futures[f]])
     else:
-        results += [_job(w) for w in work]
-    return results
+        for i, w in enumerate(work):
+            done[i] = _job(w)
+            report(done[i])
+    return results + [done[i] for i in range(len(work))]
+
+
+def _line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['module']}:{r['name']} sm_{r['cc']}: ERROR {r['error'].splitlines()[0]}"
+    return (f"{r['module']}:{r['name']} sm_{r['cc']}: {r['registers']} regs, {r['spill_stores']}+"
+            f"{r['spill_loads']} B spills, {r['shared_bytes']} B smem, {r['num_warps']} warps, {r['seconds']} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,13 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print("TRITON_INTERPRET is set: compiling needs the real JIT; unset it", file=sys.stderr)
         return 2
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    res = compile_all(tuple(int(c) for c in a.cc.split(",")), a.module, a.jobs)
-    for r in res:
-        if "error" in r:
-            print(f"{r['module']}:{r['name']} sm_{r['cc']}: ERROR {r['error'].splitlines()[0]}")
-        else:
-            print(f"{r['module']}:{r['name']} sm_{r['cc']}: {r['registers']} regs, {r['spill_stores']}+"
-                  f"{r['spill_loads']} B spills, {r['shared_bytes']} B smem, {r['num_warps']} warps, {r['seconds']} s")
+    # one line per compile as it finishes (flushed: a caller can tell progress from a hang)
+    res = compile_all(tuple(int(c) for c in a.cc.split(",")), a.module, a.jobs,
+                      on_result=lambda r: print(_line(r), flush=True))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -21,7 +21,41 @@ pytest.importorskip("triton")
 from fastenc.kernels._compile import kernel_modules  # noqa: E402
 
 CCS = (90, 80)
-TIMEOUT_S = 420
+# A hang guard, not a speed test: the driver prints a line as each compile finishes, and the run fails only when
+# no compile finished for STALL_S (one kernel compiles in seconds to a minute even on a loaded 2-core machine),
+# however long the whole suite takes on a slow machine. FASTENC_COMPILE_STALL_S overrides it.
+STALL_S = float(os.environ.get("FASTENC_COMPILE_STALL_S", "600"))
+
+
+def run_with_progress(cmd: list[str], env: dict, stall_s: float) -> tuple[int, list[str], str]:
+    """Run cmd; (returncode, stdout lines, stderr tail). Killed, with pytest.fail naming the last line it printed,
+    when it prints nothing for stall_s seconds."""
+    import queue
+    import threading
+    import time
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    err: list[str] = []
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout] + [lines.put(None)], daemon=True).start()
+    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    out, last = [], time.monotonic()
+    while True:
+        try:
+            ln = lines.get(timeout=min(5.0, stall_s))
+        except queue.Empty:
+            if time.monotonic() - last > stall_s:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"{cmd[2] if len(cmd) > 2 else cmd[0]}: no progress for {stall_s:.0f} s after "
+                            f"{len(out)} line(s); last: {out[-1] if out else '(none)'}\n{''.join(err)[-2000:]}")
+            continue
+        if ln is None:
+            break
+        out.append(ln.rstrip("\n"))
+        last = time.monotonic()
+    rc = proc.wait()
+    return rc, out, "".join(err)[-4000:]
 
 
 def _collect():
@@ -47,11 +81,10 @@ def report(write_table):
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "compile.json")
-        proc = subprocess.run([sys.executable, "-m", "fastenc.kernels._compile", "--cc", ",".join(map(str, CCS)),
-                               "--jobs", "2", "--json", out], env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
+        rc, _, stderr = run_with_progress([sys.executable, "-m", "fastenc.kernels._compile", "--cc",
+                                           ",".join(map(str, CCS)), "--jobs", "2", "--json", out], env, STALL_S)
         if not os.path.exists(out):
-            pytest.fail(f"kernel compile driver produced no report (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+            pytest.fail(f"kernel compile driver produced no report (rc={rc}):\n{stderr}")
         with open(out) as f:
             results = json.load(f)
     yield {(r["module"], r["name"], r["cc"]): r for r in results}
@@ -100,3 +133,13 @@ def test_compile_for_refuses_interpreted_kernels():
         pytest.skip("only meaningful under the interpreter")  # on a GPU machine the JIT objects compile
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         compile_for(compile_specs()[0], 90)
+
+
+def test_progress_guard_waits_for_slow_progress_and_stops_a_hang():
+    # a run longer than the stall window passes while it keeps printing; a silent one is stopped after the window
+    slow = "import time\nfor i in range(4):\n    print(i, flush=True)\n    time.sleep(1)\n"
+    rc, out, _ = run_with_progress([sys.executable, "-c", slow], dict(os.environ), stall_s=2.5)
+    assert rc == 0 and out == ["0", "1", "2", "3"]
+    with pytest.raises(pytest.fail.Exception, match=r"no progress for 2 s after 1 line\(s\); last: started"):
+        run_with_progress([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                          dict(os.environ), stall_s=2)

@@ -1,4 +1,5 @@
 """`fastenc info` and the import contract (cheap import: no triton, no build, no device query)."""
+import json
 import subprocess
 import sys
 
@@ -29,16 +30,42 @@ def test_info_lists_every_architecture_and_head():
             assert f"{hf} ({task})" in lines[name]
 
 
+_IMPORT_PROBE = """
+import json, subprocess, sys, time
+t0 = time.process_time()
+import torch
+t1 = time.process_time()
+calls = []
+for name in ("is_available", "device_count", "get_device_properties", "get_device_capability", "init"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
+real_popen = subprocess.Popen.__init__
+def popen(self, *a, **k):
+    calls.append("subprocess")
+    real_popen(self, *a, **k)
+subprocess.Popen.__init__ = popen
+before = set(sys.modules)
+import fastenc
+t2 = time.process_time()
+new = sorted(set(sys.modules) - before)
+print(json.dumps({"torch_cpu_s": t1 - t0, "fastenc_cpu_s": t2 - t1, "calls": calls, "new": new,
+                  "loaded": fastenc.extension.loaded()}))
+"""
+
+
 def test_import_is_cheap():
-    # torch's own import (~1.3 s here) is measured apart; fastenc's share on top of it must stay small so
-    # that `python -c "import fastenc"` stays under 2 s on a 2-core machine.
-    code = ("import time, sys; t = time.perf_counter(); import torch; t1 = time.perf_counter(); import fastenc; "
-            "dt = time.perf_counter() - t1; print(dt, 'triton' in sys.modules, 'transformers' in sys.modules, "
-            "fastenc.extension.loaded())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # What `import fastenc` does on top of torch, counted rather than timed on the wall clock (a loaded machine
+    # slows the wall clock, not the work): only fastenc's own modules and the standard library are imported (no
+    # triton, transformers, numpy, ...), no device is queried, no process is started, nothing is built or loaded,
+    # and its CPU time is a small share of torch's own import, measured in the same process.
+    out = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    dt, has_triton, has_tf, loaded = out.stdout.split()
-    assert has_triton == "False", "import fastenc must not import triton"
-    assert has_tf == "False", "import fastenc must not import transformers"
-    assert loaded == "False", "import fastenc must not build or load the extension"
-    assert float(dt) < 0.6, f"import fastenc took {float(dt):.2f} s on top of torch"
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    top = {m.split(".")[0] for m in r["new"]}
+    foreign = sorted(t for t in top - {"fastenc"} if t not in sys.stdlib_module_names)
+    assert not foreign, f"import fastenc imports {foreign}"
+    assert r["calls"] == [], f"import fastenc called {r['calls']}"
+    assert r["loaded"] is False, "import fastenc must not build or load the extension"
+    assert len(r["new"]) < 80, f"import fastenc imports {len(r['new'])} modules: {r['new']}"
+    assert r["fastenc_cpu_s"] < 0.5 * r["torch_cpu_s"], (
+        f"import fastenc took {r['fastenc_cpu_s']:.2f} s of CPU, torch's import {r['torch_cpu_s']:.2f} s")
