@@ -116,8 +116,8 @@ CPU_BWD = _backends.cpu(OP_BWD, "attention_bwd", check=_cpu_check,
 WRITES_GRAD_QKV = (CPU_BWD,)
 _backends.cuda(OP_BWD, "attention_bwd", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
                wrap=lambda _ext: contiguous_args(5)(_backends._lazy("fastenc.kernels.attention_bwd", "attention_bwd")),
-               limits="served by the Triton kernel (kernels/attention_bwd.py); fp16/bf16, head_dim multiple of 8 "
-                      "<= 256")
+               limits="served by the Triton kernel (fastenc/kernels/attention_bwd.py); fp16/bf16, head_dim "
+                      "multiple of 8 <= 256")
 
 
 def _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p=0.0) -> dict:

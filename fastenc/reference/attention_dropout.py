@@ -1,5 +1,5 @@
 """Attention-probability dropout: the counter-based keep-mask every backend regenerates (reference in torch integer
-ops; csrc/cpu/attention_dropout.h and kernels/attention.py compute the same function bit for bit).
+ops; csrc/cpu/attention_dropout.h and fastenc/kernels/attention.py compute the same function bit for bit).
 
 A call with dropout_p = p > 0 draws (seed, offset), two int64, from its generator; nothing else is saved for the
 backward, which regenerates the mask from them. Each element (sequence b, head h, query row i, key column j) of

@@ -11,7 +11,7 @@ dQ by query tile in a second kernel, not with atomics into a shared fp32 buffer:
 no fp32 dQ buffer nor a conversion pass, and runs under the CPU interpreter; it costs recomputing S and dP (7 tile
 products per tile pair instead of 5), which encoder-length sequences (<= a few thousand tokens) pay readily.
 Layout: grad, q, k, v, out, dq, dk, dv (total_tokens, heads, head_dim); lse, D (heads, total_tokens) fp32.
-Dropout (DROPOUT, keep-mask Z regenerated from the forward's seed and offset, kernels/attention.py), with
+Dropout (DROPOUT, keep-mask Z regenerated from the forward's seed and offset, fastenc/kernels/attention.py), with
 Pd = P * Z / (1-p):  dV += Pd^T dO;  dS = P * (dP * Z/(1-p) - D) = Pd * dP - P * D  (D = rowsum(dO * O) as before).
 A gradient not needed skips its kernel (dQ, or dK/dV).
 cu_seqlens is read by the kernels and clamped to [0, total_tokens] where read, so no access leaves the tensors.
@@ -297,7 +297,7 @@ def _cc(t: torch.Tensor) -> int:
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (kernels/_compile.py; each compiled for sm_90 and sm_80): the three
+    """Ahead-of-time compile configurations (fastenc/kernels/_compile.py; each compiled for sm_90 and sm_80): the three
     kernels at the heuristic's config for head dims 64 and 128 (fp16, bf16), 256 (bf16), a windowed bf16 case and
     fp32, and the dropout variants at each of the four dropout configs."""
     specs = []

@@ -105,7 +105,7 @@ _TY = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (see kernels/_compile.py): each GPU launch config of `_config`
+    """Ahead-of-time compile configurations (see fastenc/kernels/_compile.py): each GPU launch config of `_config`
     (small rank, rank > 32, the largest rank) per dtype."""
     specs = []
     for dt, ranks in ((torch.float16, (32, 128)), (torch.bfloat16, (16, 64, 128)), (torch.float32, (16, 64))):

@@ -1,7 +1,7 @@
 """Triton elementwise dropout with an optional fused bias add, forward and backward, on 2-D row tiles.
 
 out = (x + bias) * Z / (1 - p) and dx = grad * Z / (1 - p), Z the counter-based keep-mask of
-fastenc/reference/dropout.py: the attention kernels' hash (kernels/attention.py) at head 0, the row of the
+fastenc/reference/dropout.py: the attention kernels' hash (fastenc/kernels/attention.py) at head 0, the row of the
 (rows, n) view as the token and the column as the key. One 32-bit hash per element, fp32 math, one rounding at the
 store; the backward regenerates Z from (seed, offset) (nothing saved). Bytes per element: the forward reads x and
 writes out (+ n bias values), the backward reads grad and writes dx: a copy's traffic.

@@ -158,7 +158,7 @@ def layer_norm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def norm_compile_spec(name: str, dt: str, hidden: int, res: bool, bias: bool, rms: bool, stats: bool = False) -> dict:
-    """One compile spec (kernels/_compile.py convention) of the shared norm kernel at this width."""
+    """One compile spec (fastenc/kernels/_compile.py convention) of the shared norm kernel at this width."""
     cfg = norm_config(hidden)
     p = "*" + dt
     return {

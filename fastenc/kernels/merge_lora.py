@@ -60,7 +60,7 @@ _TY = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (see kernels/_compile.py): the GPU launch config for the weight /
+    """Ahead-of-time compile configurations (see fastenc/kernels/_compile.py): the GPU launch config for the weight /
     adapter dtype pairs met in practice (adapters stored in the weight's dtype or in fp32)."""
     specs = []
     for wdt, adt in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),

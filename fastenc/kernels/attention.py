@@ -325,7 +325,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
 
 
 def compile_specs() -> list[dict]:
-    """Ahead-of-time compile configurations (see kernels/_compile.py; each is compiled for sm_90 and sm_80): the
+    """Ahead-of-time compile configurations (see fastenc/kernels/_compile.py; each is compiled for sm_90 and sm_80): the
     heuristic's launch configs over every BLOCK_D the backend can get (head dims 8..256, multiples of 8 -> 16,
     32, 64, 128, 256), fp16 and bf16 with the sm_90 and sm_80 choices, fp32, ModernBERT's windowed bf16
     case, and the dropout variants of three of them. Head dims that are not a power of two (8, 24, 40, 80, 200)
