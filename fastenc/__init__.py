@@ -22,7 +22,18 @@ def accelerate(hf_model, copy: bool = False):
     """A module with hf_model's forward signature and output type, running on fastenc (see fastenc.models.hf), for
     inference and training (labels, dropout, gradients on hf_model's own parameters: transformers.Trainer trains
     it). A call fastenc cannot serve exactly (inputs_embeds, output_attentions, ...) runs the transformers forward
-    and says why with a fastenc.models.hf.FallbackWarning, once per reason."""
+    and says why with a fastenc.models.hf.FallbackWarning, once per reason.
+
+    A sentence-transformers SentenceTransformer, CrossEncoder or SparseEncoder is accelerated in place and the same
+    object returned: its transformer modules' transformers model is replaced (fastenc.models.st), so encode() and
+    predict() run fastenc. Do this rather than assigning `st_model[0].auto_model = fastenc.accelerate(...)`: from
+    sentence-transformers 6, auto_model is a read-only view of `.model`, and assigning to it does nothing (the
+    model keeps running transformers)."""
+    from fastenc.models.st import is_sentence_transformers
+
+    if is_sentence_transformers(hf_model):
+        from fastenc.models.st import accelerate as _accelerate_st
+        return _accelerate_st(hf_model, copy=copy)
     from fastenc.models.hf import accelerate as _accelerate
     return _accelerate(hf_model, copy=copy)
 
