@@ -24,6 +24,7 @@ for: fastenc.models.heads.masked_lm).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,21 @@ class BertLayer(nn.Module):
     dropout): the residual add happens inside the Wo and fc2 GEMMs (x += o Wo^T, accumulated into x once the QKV
     projection has read it), and the bias of each of those linears inside the LayerNorm that follows; the norms
     write only their output. Training: the add and the bias go into the LayerNorm (residual=, input_bias=),
-    nothing is overwritten."""
+    nothing is overwritten. gradient_checkpointing=True (fastenc.accelerate sets it from transformers' flag of the
+    same name): in training under autograd the block's activations are not kept, the block is run again in the
+    backward (checkpoint_func, default torch.utils.checkpoint.checkpoint(use_reentrant=False)), as transformers'
+    GradientCheckpointingLayer does."""
+
+    gradient_checkpointing = False
+    checkpoint_func = None
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            run = self.checkpoint_func or (lambda fn, *a: checkpoint(fn, *a, use_reentrant=False))
+            return run(functools.partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
 
     def __init__(self, cfg: BertConfig):
         super().__init__()

@@ -16,7 +16,10 @@ not (BERT, ModernBERT's classification heads). Masked-LM heads return transforme
 A call the fastenc path cannot serve exactly runs the original forward and says why, once per reason and
 model, with a `FallbackWarning`: inputs_embeds, output_attentions / output_hidden_states (argument or config),
 explicit position_ids, a mask that is not (batch, seq), ViT's interpolate_pos_encoding / bool_masked_pos /
-attention_mask, labels on a base model, and left padding the padded column-0 query cannot be computed for (below).
+attention_mask, labels on a base model, left padding the padded column-0 query cannot be computed for (below), and
+gradient checkpointing in training on an architecture whose fastenc layers cannot recompute themselves (ModernBERT,
+ViT, DeiT). On the others (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT) gradient_checkpointing_enable() is
+honoured: each layer transformers checkpoints is checkpointed in fastenc's layer loop the same way.
 
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
@@ -104,6 +107,10 @@ def _reasons(self, a: dict, arch: str) -> list[str]:
     for flag in ("output_attentions", "output_hidden_states"):
         if a.get(flag) is None and getattr(self.config, flag, False):
             out.append(f"config.{flag}=True is not supported")
+    if _checkpoint_flags(self) is not None and not all(hasattr(layer, "checkpoint_func")
+                                                        for layer in self.__dict__["_fastenc"].layers):
+        out.append(f"gradient checkpointing (gradient_checkpointing_enable()) is not supported for {arch} in "
+                   f"training")
     mask = a.get("attention_mask")
     text = architecture.get(arch).modality == "text"
     if text and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
@@ -112,6 +119,28 @@ def _reasons(self, a: dict, arch: str) -> list[str]:
     elif text and _needs_column0(arch, type(self)._fastenc_kind[1], self.__dict__["_fastenc"]):
         out += _left_padding_reasons(arch, self.__dict__["_fastenc"], mask)
     return out
+
+
+def _checkpoint_flags(self) -> list[tuple[bool, object]] | None:
+    """Per fastenc layer, (checkpointed, the checkpoint function) as transformers' gradient_checkpointing_enable()
+    set them on its layers (every_n_layers: per layer; when its layers do not map one to one, all of them), or None
+    when this call does not checkpoint (flag off, eval mode or no autograd recording: transformers' layers then
+    do not checkpoint either)."""
+    if not (self.training and torch.is_grad_enabled()):
+        return None
+    if not any(getattr(m, "gradient_checkpointing", False) is True for m in self.modules()):
+        return None
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # (older transformers: no per-layer class)
+        GradientCheckpointingLayer = ()
+    marked = [m for m in self.modules() if isinstance(m, GradientCheckpointingLayer)]
+    n = len(self.__dict__["_fastenc"].layers)
+    if len(marked) == n:
+        return [(bool(m.gradient_checkpointing), getattr(m, "_gradient_checkpointing_func", None)) for m in marked]
+    func = next((getattr(m, "_gradient_checkpointing_func", None) for m in self.modules()
+                 if getattr(m, "gradient_checkpointing", False)), None)
+    return [(True, func)] * n
 
 
 def _warn(self, reasons: list[str]) -> None:
@@ -141,6 +170,10 @@ def _fast_forward(self, *args, **kwargs):
     return_dict = a.get("return_dict")
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
+    flags = _checkpoint_flags(self)
+    for i, layer in enumerate(fe.layers):
+        if hasattr(layer, "checkpoint_func"):
+            layer.gradient_checkpointing, layer.checkpoint_func = (False, None) if flags is None else flags[i]
     with _weights(self, fe):
         out = _run(self, fe, arch, task, a)
     if task != "base" and getattr(out, "loss", None) is not None and hasattr(fe.config, "problem_type"):
