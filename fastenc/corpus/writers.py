@@ -252,7 +252,8 @@ def finish(out: Path, wd: Path, fmt: str, manifest: dict[str, Any], hidden: int)
                     if part.dtype != np.float32 or part.shape != (s["rows_read"], hidden):
                         raise ValueError(f"embed: shard {s['file']!r} holds {part.dtype} {part.shape}, expected "
                                          f"float32 {(s['rows_read'], hidden)} as its manifest entry says")
-                    np.ascontiguousarray(part).tofile(fh)
+                    if part.size:  # a plain write: its OSError carries errno and reason
+                        fh.write(memoryview(np.ascontiguousarray(part)).cast("B"))
                 fh.flush()
                 os.fsync(fh.fileno())
         why = _check_npy(tmp, total, hidden)
