@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     pb.set_defaults(func=lambda a: (setattr(a, "build", True), cmd_info(a))[1])
     # Subcommands owned by their modules: each module exposes add_parser(subparsers) setting `func`.
     for module in ("fastenc.run", "fastenc.corpus.cli", "fastenc.benchmark.cli", "fastenc.check",
-                   "fastenc.finetune"):
+                   "fastenc.finetune", "fastenc.serve.cli"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ImportError as e:

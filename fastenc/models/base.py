@@ -150,6 +150,11 @@ class TextEncoderMixin:
         st_cfg = folder / "sentence_bert_config.json"
         if st_cfg.is_file():
             defaults["max_length"] = _json_object(st_cfg).get("max_seq_length")
+        from fastenc.models.scoring import read_activation
+
+        act = read_activation(folder)
+        if act is not None:  # a sentence-transformers CrossEncoder folder's activation (score / rerank)
+            defaults["activation"] = act
         if tok is not None:
             object.__setattr__(self, "tokenizer", tok)
             object.__setattr__(self, "tokenizer_folder", folder.resolve())
@@ -161,6 +166,19 @@ class TextEncoderMixin:
                              "(a folder with tokenizer.json) or call model.load_tokenizer(folder), or pass token ids")
         self.tokenizer.enable_truncation(int(max_length))  # keeps the special tokens, as transformers does
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def score(self, pairs, *, raw: bool = False, batch_size: int = 32, max_length: int | None = None):
+        """A sequence classifier's scores of (text, text) pairs, as CrossEncoder.predict (see
+        fastenc.models.scoring): (n,) for one label, else (n, num_labels)."""
+        from fastenc.models.scoring import score
+        return score(self, pairs, raw=raw, batch_size=batch_size, max_length=max_length)
+
+    def rerank(self, query: str, documents, *, top_n: int | None = None, raw: bool = False,
+               return_documents: bool = False, batch_size: int = 32) -> list[dict]:
+        """A one-label classifier's ranking of documents for query, best first: [{index, score[, text]}]."""
+        from fastenc.models.scoring import rerank
+        return rerank(self, query, documents, top_n=top_n, raw=raw, return_documents=return_documents,
+                      batch_size=batch_size)
 
     @torch.inference_mode()
     def encode(self, inputs, attention_mask: torch.Tensor | None = None, *, batch_size: int = 32,
