@@ -4,6 +4,7 @@ job on a Ray cluster. `fastenc.embed(...)` and `fastenc embed ...` are its front
   readers.py    streaming .txt/.jsonl/.csv/.parquet/folder/stdin readers, row ids, bad-row policy
   batching.py   token-budget batches sorted by length within a window
   writers.py    shards + manifest under <out>.partial, renamed when whole; .parquet folder or one .npy
+  manifest.py   the manifest: settings, digests of the inputs consumed and of each shard; what a resume verifies
   job.py        the in-process engine (and in-memory results)
   ray_engine.py the same job on Ray Data (map_batches over an actor pool); Ray is imported only there
   memory.py     glibc's mmap threshold pinned at job start, so the job's peak memory does not grow with the corpus
@@ -37,7 +38,13 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
     model: a model folder, a fastenc text model with a tokenizer, or None for the embedded all-MiniLM-L6-v2.
     out: None -> returns EmbedResult(ids, embeddings, summary) in memory; a `.parquet` path (a folder of shards
       with a manifest) or a `.npy` path (one float32 array, row order = input order, skipped rows NaN) -> writes
-      it incrementally and returns the summary. resume / overwrite: continue an interrupted run / replace output.
+      it incrementally and returns the summary; one id column type per output (strings for id_field values and
+      folder ids, else int64); an empty input gives an empty table / a (0, hidden) array. The output may not lie
+      inside an input folder.
+    resume / overwrite: continue an interrupted run / replace the output. A resumed run re-reads the rows the
+      interrupted one consumed and refuses (ResumeError) when an input or a setting changed; a shard that fails
+      verification (checksum, rows, ids) is recomputed. A failed write raises WriteError (an OSError) naming the
+      folder, the operation and the reason; complete shards are kept for a resume.
     pooling 'mean'|'cls', normalize, max_length: default to the model folder's sentence-transformers settings.
     max_batch_tokens: padded tokens per batch; window: texts sorted together (and rows per shard).
     on_bad: 'error' (default: raise naming the file and row) or 'skip' (count it in the summary).

@@ -278,7 +278,8 @@ def _sources(inputs, stdin_format: str, opts: Options):
     return None
 
 
-def _params(folder, opts: Options, pooling, normalize, max_length, fmt, dtype, hidden, ids: str) -> dict[str, Any]:
+def _params(folder, opts: Options, pooling, normalize, max_length, fmt, dtype, hidden,
+            ids: str) -> dict[str, Any]:
     return {"model": str(folder.resolve()) if folder is not None else "<in-memory model>",
             "pooling": pooling, "normalize": normalize, "max_length": max_length,
             "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,

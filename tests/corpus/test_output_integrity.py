@@ -29,7 +29,8 @@ def test_folder_ids_with_an_all_skipped_first_window(tmp_path, minilm, texts):
 
 def test_id_field_with_an_all_skipped_first_window(tmp_path, minilm, texts):
     path = tmp_path / "in.jsonl"
-    rows = [{"key": f"k{i}", "text": ""} for i in range(3)] + [{"key": 10 + i, "text": t} for i, t in enumerate(texts[:4])]
+    rows = [{"key": f"k{i}", "text": ""} for i in range(3)]
+    rows += [{"key": 10 + i, "text": t} for i, t in enumerate(texts[:4])]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     fastenc.embed(str(path), minilm, out=tmp_path / "o.parquet", window=3, on_bad="skip", id_field="key")
     t = pq.read_table(tmp_path / "o.parquet")
@@ -86,23 +87,23 @@ def test_row_0_without_the_text_field_is_skipped(tmp_path, minilm, texts):
         check_fields(resolve_sources(str(path)), "text", None)
 
 
-@pytest.mark.parametrize("out", ["in/o.parquet", "in/sub/o.npy", "in/a.txt"])
+@pytest.mark.parametrize("out", ["in/o.parquet", "in/sub/o.npy"])
 def test_output_inside_an_input_folder_is_refused(tmp_path, minilm, out):
     (tmp_path / "in" / "sub").mkdir(parents=True)
     (tmp_path / "in" / "a.txt").write_text("one\ntwo\n")
-    inputs = str(tmp_path / "in") if out != "in/a.txt" else str(tmp_path / "in" / "a.txt")
     out = tmp_path / out
-    if out.suffix == ".txt":
-        out = out.with_suffix(".parquet")
-        (tmp_path / "in" / "a.parquet").mkdir()  # a folder named as the output, holding the input
-        inputs = str(tmp_path / "in" / "a.parquet" / "x.txt")
-        (tmp_path / "in" / "a.parquet" / "x.txt").write_text("x\n")
-        with pytest.raises(ValueError, match=r"would replace the input '.*x.txt'"):
-            fastenc.embed(inputs, minilm, out=out, overwrite=True)
-        return
-    with pytest.raises(ValueError, match=f"out {re.escape(repr(str(out)))} is inside the input folder {re.escape(repr(str(tmp_path / 'in')))}"):
-        fastenc.embed(inputs, minilm, out=out, overwrite=True)
+    folder = re.escape(repr(str(tmp_path / "in")))
+    with pytest.raises(ValueError, match=f"out {re.escape(repr(str(out)))} is inside the input folder {folder}"):
+        fastenc.embed(str(tmp_path / "in"), minilm, out=out, overwrite=True)
     assert not out.exists() and not writers.work_dir(out).exists()
+
+
+def test_output_that_would_replace_an_input_is_refused(tmp_path, minilm):
+    (tmp_path / "o.parquet").mkdir()  # an old output folder now read as input
+    (tmp_path / "o.parquet" / "x.txt").write_text("x\n")
+    with pytest.raises(ValueError, match=r"out '.*o.parquet' would replace the input '.*x.txt'"):
+        fastenc.embed(str(tmp_path / "o.parquet" / "x.txt"), minilm, out=tmp_path / "o.parquet", overwrite=True)
+    assert (tmp_path / "o.parquet" / "x.txt").read_text() == "x\n"
 
 
 @pytest.fixture
