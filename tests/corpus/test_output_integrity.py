@@ -155,3 +155,19 @@ def test_finish_refuses_an_output_that_does_not_open(tmp_path):
     with pytest.raises(ValueError, match=r"does not open as one table: part-00001.parquet has the schema"):
         writers.finish(out, wd, ".parquet", m, 3)
     assert not out.exists() and wd.is_dir()
+
+
+def test_standard_input_bom_and_csv_header(minilm, monkeypatch):
+    import io
+    import sys
+
+    def stdin(data: bytes):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+    stdin(b"\xef\xbb\xbftext\nhello there\n")
+    r = fastenc.embed("-", minilm, stdin_format="csv")
+    np.testing.assert_allclose(r.embeddings, minilm.encode(["hello there"]).numpy(), atol=2e-6, rtol=0)
+    stdin(b"title\nhello there\n")
+    with pytest.raises(ValueError, match=r"text_field 'text' is not a field of the CSV on standard input "
+                                         r"\(fields: \['title'\]\)"):
+        fastenc.embed("-", minilm, stdin_format="csv", on_bad="skip")
