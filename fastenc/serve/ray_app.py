@@ -29,9 +29,9 @@ class FastencReplica:
 
 
 def run(model_dir, limits: dict, *, replicas: int, address: str | None, host: str, port: int, device=None,
-        threads: int | None = None, block: bool = True):
-    """Start Ray (or join `address`), deploy `replicas` replicas on host:port; with block, serve until SIGTERM /
-    SIGINT, then shut Serve down and return 0."""
+        threads: int | None = None) -> int:
+    """Start Ray (or join `address`), deploy `replicas` replicas on host:port, serve until SIGTERM / SIGINT, then
+    shut Serve down and return 0."""
     import ray
 
     cores = os.cpu_count() or 1
@@ -39,6 +39,9 @@ def run(model_dir, limits: dict, *, replicas: int, address: str | None, host: st
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  **({} if address else {"num_cpus": max(cores, replicas * per_replica)}))
+    stop = threading.Event()  # (handlers set before the app can answer: a SIGTERM from then on drains)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     serve.start(http_options={"host": host, "port": port})
     deployment = serve.deployment(FastencReplica, name="fastenc", num_replicas=replicas,
                                   max_ongoing_requests=max(8, int(limits.get("max_concurrent_requests") or 512)),
@@ -46,11 +49,6 @@ def run(model_dir, limits: dict, *, replicas: int, address: str | None, host: st
     serve.run(deployment.bind(None if model_dir is None else str(model_dir), limits, device, per_replica),
               name="fastenc", route_prefix="/")
     print(f"fastenc serve: {replicas} Ray Serve replica(s) on http://{host}:{port}", file=sys.stderr, flush=True)
-    if not block:
-        return 0
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     serve.shutdown()
     ray.shutdown()
