@@ -15,9 +15,10 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="kernel and model benchmarks against the baselines (JSON/CSV/PNG)")
-    p.add_argument("what", choices=["kernels", "models", "train", "embed", "mlm-head", "report"],
+    p.add_argument("what", choices=["kernels", "models", "train", "embed", "mlm-head", "serve", "report"],
                    help="which suite to run ('embed': the corpus job vs sentence-transformers and transformers); "
                         "'train': training steps vs transformers (+ PEFT for LoRA); "
+                        "'serve': the HTTP server over loopback vs the in-process model and Infinity; "
                         "'mlm-head': the masked-LM head at 15%% of tokens vs the encoder and transformers' dense head; "
                         "'report' writes RESULTS.md from the JSON files in --out")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -61,6 +62,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "(default 1,2; none with --quick; 0 for none)")
     p.add_argument("--no-throughput", action="store_true", help="embed: skip the timed providers (memory and Ray "
                    "rows only)")
+    p.add_argument("--model-dir", default=None, help="serve: model folder (default: the embedded MiniLM)")
+    p.add_argument("--concurrency", default="1,8,32", help="serve: comma-separated client concurrencies")
+    p.add_argument("--texts-per-request", type=int, default=8, help="serve: texts in each request (default 8)")
+    p.add_argument("--requests", type=int, default=400, help="serve: requests per concurrency level (default 400)")
+    p.add_argument("--time-cap", type=float, default=60.0, help="serve: seconds at most per level (default 60)")
+    p.add_argument("--overload-seconds", type=float, default=30.0,
+                   help="serve: seconds of 8x the in-flight limit (default 30; 0 for none)")
+    p.add_argument("--infinity", default=None, help="serve: path of the infinity_emb command (default: on PATH)")
+    p.add_argument("--ray-replicas", type=int, default=0, help="serve: also run N Ray Serve replicas (default 0)")
     p.add_argument("--note", default=None, help="free text stored in the JSON and RESULTS.md (e.g. machine load)")
     p.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
     p.add_argument("--backward", action="store_true",
@@ -123,6 +133,19 @@ def run(args) -> int:
 
 
 def _run_suite(args, suite, device, dtype, out):
+    if args.what == "serve":
+        from fastenc import cli_checks
+        from fastenc.benchmark.serve import bench_serve
+        for flag in ("texts_per_request", "requests"):
+            cli_checks.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+        levels = _ints(args.concurrency, ())
+        if not levels:
+            raise UsageError(f"--concurrency must list positive integers, got {args.concurrency!r}")
+        return bench_serve(out, model_dir=args.model_dir, concurrencies=levels,
+                           texts_per_request=args.texts_per_request, requests_per_level=args.requests,
+                           time_cap=args.time_cap, overload_seconds=args.overload_seconds,
+                           infinity=args.infinity, ray_replicas=args.ray_replicas, threads=args.threads,
+                           note=args.note)
     if args.what == "embed":
         from fastenc.corpus.bench import bench_embed
         rounds = 0 if args.no_throughput else args.rounds if args.rounds is not None else 1 if args.quick else 2

@@ -190,3 +190,13 @@ def test_api_key(minilm_dir):
         assert r.status_code == 401 and r.json()["error_type"] == "Unauthorized"
         assert c.post("/embed", json=GOOD, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert c.post("/embed", json=GOOD, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_draining_answers_503(minilm_dir):
+    with serving(None) as s, s.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        s.state.drain()
+        r = c.post("/embed", json=GOOD)
+        assert r.status_code == 503 and r.json()["error_type"] == "Unhealthy"
+        h = c.get("/health")
+        assert h.status_code == 503 and h.json()["status"] == "draining"
