@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from fastenc.serve import schemas
 from fastenc.serve.batcher import Batcher
 from fastenc.serve.metrics import Metrics
-from fastenc.serve.routes import Handler, error_response, json_response
+from fastenc.serve.routes import Handler, error_response, json_response, not_allowed, not_found
 from fastenc.serve.service import Service
 from fastenc.serve.settings import Limits
 
@@ -149,9 +149,8 @@ def create_app(model_dir=None, *, service: Service | None = None, device: str | 
     post("/predict", schemas.PredictRequest, h.predict, "Classify texts or pairs (text-embeddings-inference)")
     post("/tokenize", schemas.TokenizeRequest, h.tokenize_route, "Tokenize (text-embeddings-inference)")
 
-    @app.post("/", summary="Embeddings or prediction, by the model's kind (text-embeddings-inference)")
-    async def route_root(request: Request):
-        return await h.root(request)
+    app.add_api_route("/", h.root, methods=["POST"],
+                      summary="Embeddings or prediction, by the model's kind (text-embeddings-inference)")
 
     @app.get("/health")
     async def health():
@@ -170,13 +169,7 @@ def create_app(model_dir=None, *, service: Service | None = None, device: str | 
     async def metrics():
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
-    @app.exception_handler(404)
-    async def not_found(request, exc):
-        return error_response(f"no route {request.method} {request.url.path}", 404, "NotFound")
-
-    @app.exception_handler(405)
-    async def not_allowed(request, exc):
-        return error_response(f"{request.method} is not allowed on {request.url.path}", 405, "MethodNotAllowed")
-
+    app.add_exception_handler(404, not_found)
+    app.add_exception_handler(405, not_allowed)
     app.add_middleware(Gate, state=state)
     return app

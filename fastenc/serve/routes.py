@@ -31,6 +31,14 @@ def error_response(message: str, status: int, error_type: str, headers: dict | N
     return json_response({"error": message, "error_type": error_type}, status, headers)
 
 
+async def not_found(request: Request, exc) -> Response:
+    return error_response(f"no route {request.method} {request.url.path}", 404, "NotFound")
+
+
+async def not_allowed(request: Request, exc) -> Response:
+    return error_response(f"{request.method} is not allowed on {request.url.path}", 405, "MethodNotAllowed")
+
+
 async def read_body(request: Request, limit: int, model: type[BaseModel]):
     """The request body parsed as `model`; InputError 413 over `limit` bytes, 422 for bad JSON or fields."""
     declared = request.headers.get("content-length")

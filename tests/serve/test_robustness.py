@@ -200,3 +200,9 @@ def test_draining_answers_503(minilm_dir):
         assert r.status_code == 503 and r.json()["error_type"] == "Unhealthy"
         h = c.get("/health")
         assert h.status_code == 503 and h.json()["status"] == "draining"
+
+
+def test_wrong_method_is_a_json_405(server):
+    with server.client() as c:
+        r = c.get("/embed")
+        assert r.status_code == 405 and r.json()["error_type"] == "MethodNotAllowed"
