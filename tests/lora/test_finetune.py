@@ -35,4 +35,4 @@ def test_cli_rejects_bad_counts(capsys):
     from fastenc import cli
 
     assert cli.main(["finetune", "--epochs", "0"]) == 2
-    assert "--epochs must be >= 1, got 0" in capsys.readouterr().err
+    assert "--epochs must be an integer >= 1, got 0" in capsys.readouterr().err
