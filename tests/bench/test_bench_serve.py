@@ -18,10 +18,14 @@ def test_bench_serve_quick(tmp_path):
     for key in ("fastenc", "fastenc-limited"):
         row = data["providers"][key]
         assert row["cosine_min"] >= 0.99999 and row["exit_code"] == 0
-        assert [r["concurrency"] for r in row["levels"]] == [1, 4]
-        assert all(r["statuses"] == {"200": r["ok"]} and r["ok"] >= 12 for r in row["levels"])
+    levels = data["providers"]["fastenc"]["levels"]
+    assert [r["concurrency"] for r in levels] == [1, 4]
+    assert all(r["statuses"] == {"200": r["ok"]} and r["ok"] >= 12 for r in levels)
     over = data["providers"]["fastenc-limited"]["overload"]
     assert set(over["statuses"]) <= {"200", "429"} and "429" in over["statuses"]
     assert "skipped" in data["providers"]["infinity"]
     assert data["ratios"]["fastenc_c4_vs_in_process_job"] > 0
+    lat = data["providers"]["fastenc"]["latency_1x16"]
+    assert lat["ok"] == lat["rounds"] and lat["in_process_p50_ms"] > 0
+    assert "levels" not in data["providers"]["fastenc-limited"]  # the limited server runs the overload phase
     assert (tmp_path / "serve_latency.png").stat().st_size > 0
