@@ -54,10 +54,12 @@ class Service:
     # ---- loading -------------------------------------------------------------------------------------------
     def load(self) -> "Service":
         from fastenc.corpus.job import default_model_path
+        from fastenc.corpus.memory import pin_mmap_threshold
         from fastenc.models.architecture import of_model
 
         import fastenc
 
+        pin_mmap_threshold()  # the corpus job's rule: batches of every size must not fragment the heap
         folder = Path(self.model_dir) if self.model_dir is not None else default_model_path()
         if not folder.is_dir():
             raise FileNotFoundError(f"serve: model folder {str(folder)!r} does not exist")
