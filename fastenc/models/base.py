@@ -91,16 +91,12 @@ def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     Returns (order, [(ids (b, width) int64, mask (b, width) bool)]); output row j of the concatenated batches
     belongs to input order[j].
     """
+    from fastenc.models.scoring import pad_rows
+
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     batches = []
     for a in range(0, len(order), batch_size):
-        chunk = [seqs[i] for i in order[a:a + batch_size]]
-        width = max(1, max(len(c) for c in chunk))
-        ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        mask = torch.zeros(len(chunk), width, dtype=torch.bool)
-        for r, c in enumerate(chunk):
-            ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[r, :len(c)] = True
+        ids, mask, _ = pad_rows([seqs[i] for i in order[a:a + batch_size]])
         batches.append((ids, mask))
     return order, batches
 
