@@ -1,27 +1,12 @@
 """The corpus job's memory stays flat as the corpus grows: glibc's mmap threshold is pinned once, at job start,
 and each window starts from the same memory state (release_between_windows).
 
-glibc serves a block of at least M_MMAP_THRESHOLD bytes (128 KiB at start) with its own mmap, returned to the system
-on free. By default the threshold is dynamic: freeing an mmapped block raises it to that block's size (up to 32 MiB
-on 64-bit), so afterwards blocks of that size come from the heap instead. The job frees and allocates activation
-buffers of a different size for every batch (token-budget batches vary in rows and width), so those heap blocks
-fragment the heap, and the process's peak grew with the number of batches: 1,304 MiB at 10,000 passages against
-2,144 MiB at 40,000. Setting the threshold with mallopt fixes it and turns the dynamic adjustment off (glibc's
-mallopt(3); the same as MALLOC_MMAP_THRESHOLD_ in the environment): the 40,000-passage job then peaked at 1,172 MiB.
-
-The value is glibc's own starting threshold, 128 KiB: the job behaves as glibc does before its first large free, for
-the whole run. Small allocations (tokenizer, Python objects) stay in the heap; a large buffer costs an mmap and its
-page faults, which the repeated large buffers of the model's layers avoid through the CPU buffer cache
-(csrc/cpu/buffer_cache.h). The setting is process-wide and stays after the job, as the environment variable would.
-
-The GEMMs of fastenc.layers.Linear run on fastenc's own packed panels (fastenc/layers/prepack.py, csrc/cpu/gemm.cpp),
-which keep no state per row count. oneDNN's packed GEMM, which a call takes only while fastenc's extension is not
-loaded, does keep state for every distinct row count it has multiplied (prepack.packed_rows bounds how many), and a
-job's batches (unpadded tokens) have a new row count almost every time. Before the panels served every row count,
-MiniLM forwards of one row at 64 to 463 distinct token counts in a fresh process (one
-thread, mmap threshold pinned, the release run every 50 or 100 calls) grew its RSS by about 1.1 MiB per new count up
-to ~300 counts and 0.7 MiB per count after; 0.7 MiB per count from the start with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0;
-with FASTENC_PREPACK=0 (threshold not pinned) 11 MiB over 150 counts after the first 50.
+glibc's threshold is dynamic by default: freeing a large mmapped block raises it, so later blocks of that size come
+from the heap. The job allocates activation buffers of a different size for every batch, which would fragment the
+heap and make the peak grow with the number of batches; pinning the threshold with mallopt (at glibc's own starting
+value, 128 KiB, process-wide, as MALLOC_MMAP_THRESHOLD_ would) keeps large buffers on mmap. The layers' repeated
+large buffers come from the CPU buffer cache instead, whose free blocks, with free heap pages, are released after
+each window. Measurements: bench/results/HISTORY.md (corpus job); background: docs/corpus.md.
 """
 from __future__ import annotations
 
