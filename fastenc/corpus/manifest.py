@@ -1,16 +1,8 @@
 """The corpus job's manifest (`_manifest.json` in the work folder and in a finished .parquet output) and what a
-resumed run checks with it.
-
-The manifest holds the settings (`params`, with the output's id column type), one entry per input (`inputs`: its
-name; for a file its resolved path, size and mtime_ns; for every input the rows consumed so far and a running
-sha256 over them, updated per shard) and one entry per shard (`shards`: file name, the sha256 of the file's bytes
-taken when it was renamed, row counts, and `input`: the digest of the input rows it was computed from, one piece per
-run of rows of one input).
-
-Resuming re-reads the consumed prefix of the inputs window by window and compares each window's digest with its
-shard's entry: a difference refuses the resume, naming the input and what changed (ResumeError), so the output
-never mixes two inputs. Each shard's file is checked against its entry (checksum, rows, ids); a shard that fails
-is recomputed from the verified rows, never trusted.
+resumed run checks with it: the settings, per input the rows consumed and a running sha256 over them, per shard the
+sha256 of its file and the digest of the input rows it came from. A resume whose inputs differ from the interrupted
+run's is refused (ResumeError, naming the input and what changed), so an output never mixes two inputs; a shard
+that fails its check is recomputed from the verified rows, never trusted.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The corpus job on Ray Data: each input file is split into blocks of `window` consecutive rows (one pass over it
-on the driver, readers.split_source), the blocks are read by Ray tasks (with the same readers, row ids and bad-row
-policy as the in-process job), embedded by `map_batches` over a pool of actors that each load the model once (so
-the actors share even a single big file), and streamed back to the driver in input order, which writes the same
-shards + manifest layout as the in-process job (`<out>.parquet/part-*.parquet`, renamed from
-`<out>.parquet.partial` when whole). The driver reads the model's settings (pooling, normalize, max length, width)
-from the folder's config files; it never loads the weights.
-
-Ray is an optional extra (`pip install -e ".[ray]"`), imported only here. On a cluster, start Ray there
-(`ray start --head` / workers) and pass address="auto" (or the head's address); the model folder must be readable
-at the same path on every node. Each actor gets cpus/actors CPU threads (or `gpus_per_actor` GPUs).
+"""The corpus job on Ray Data: each input file is split into blocks of `window` consecutive rows, which Ray tasks
+read with the in-process job's readers, embedded by `map_batches` over a pool of actors that each load the model
+once (so the actors share even a single big file), and streamed back to the driver in input order, which writes
+the same shards and manifest as the in-process job. The driver reads the model's settings from the folder's config
+files and never loads the weights. Ray is an optional extra (`pip install -e ".[ray]"`), imported only here; on a
+cluster, pass address="auto" with the model folder at the same path on every node.
 """
 from __future__ import annotations
 

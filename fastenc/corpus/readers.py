@@ -1,18 +1,10 @@
 """Streaming readers for the corpus job: .txt (one text a line), .jsonl, .csv, .parquet, a folder of them, standard
-input, or an in-memory iterable of strings. Each yields Record(id, text) in input order, one row at a time, so a
-corpus larger than memory streams through.
-
-Row ids: the --id-field value when one is named; otherwise the 0-based row number within its file, prefixed by the
-file's path relative to the folder ("part-1.txt:17") when the input is a folder. Both engines (in process and Ray)
-use this scheme, so their outputs can be compared row by row.
-
-Bad rows (empty text, a text field that is not a string or is missing, undecodable bytes, an unparsable line) are
-skipped and counted, or raise an error naming the file and row, by the `on_bad` policy. A field named by
-text_field / id_field must be in a CSV's header or parquet's schema, or in at least one row of a .jsonl file. Text
-is UTF-8; a byte order mark at the start of a file (or of standard input) is dropped.
-
-Blocks (the Ray engine): one file split into runs of consecutive data rows that separate workers read; each block
-yields exactly the records (ids, row numbers, bad-row reasons and errors) the whole-file reader gives for its rows.
+input, or an in-memory iterable of strings, each yielding Record(id, text) in input order one row at a time, so a
+corpus larger than memory streams through. Row ids (the --id-field value, else the row number in its file, prefixed
+by the file's relative path in a folder: "part-1.txt:17") and the bad-row policy (skip and count, or raise naming
+the file and row) are the same for both engines; the Ray engine's blocks (runs of consecutive rows of one file)
+yield exactly the records the whole-file reader gives for their rows, so outputs compare row by row.
+Text is UTF-8; a byte order mark at the start of a file (or of standard input) is dropped.
 """
 from __future__ import annotations
 

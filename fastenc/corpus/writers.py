@@ -1,15 +1,9 @@
-"""Sharded, resumable output of the corpus job.
-
-While a job runs, everything lives in `<out>.partial/`: one shard per window of input rows (`part-00000.parquet` or
-`.npy`) and `_manifest.json` (see manifest.py), each serialized in memory, written to a temporary name, flushed to
-disk and renamed when whole, the manifest after its shard (with the shard's checksum). An interrupted job leaves
-complete shards and a manifest that names them; `resume` verifies them and continues after the last one. When every
-row is written the output takes its final name: a `.parquet` output is the folder of shards (a parquet dataset:
-`pyarrow.parquet.read_table(out)`; one id column type throughout, an empty input gives one empty shard) with its
-manifest; a `.npy` output is one (rows, hidden) float32 array in input order, assembled from the shards one at a
-time (bounded memory), skipped rows as NaN rows. The output is checked to open with the expected rows before it
-takes its final name. A write that fails raises WriteError naming the folder, the operation and the OS's reason,
-and leaves nothing under a final name.
+"""Sharded, resumable output of the corpus job. While a job runs everything lives in `<out>.partial/`: one shard per
+window (`part-00000.parquet` or `.npy`) and the manifest, each written to a temporary name, flushed and renamed when
+whole, so an interrupt leaves complete shards that a resume verifies and continues after. When every row is written
+the output takes its final name: the .parquet folder of shards with its manifest, or one (rows, hidden) float32 .npy
+in input order assembled a shard at a time (skipped rows as NaN rows), checked to open before it is renamed. A
+failed write raises WriteError naming the folder, the operation and the OS's reason.
 """
 from __future__ import annotations
 
