@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from fastenc.reference.gelu import gelu_math
 
 
 def geglu_ref(x: torch.Tensor, approximate: str = "none", upcast: bool = True):
     """x: (..., 2N) -> (..., N). Math in fp32 when `upcast`."""
     t = x.float() if upcast else x
     inp, gate = t.chunk(2, dim=-1)
-    return (F.gelu(inp, approximate=approximate) * gate).to(x.dtype)
+    return (gelu_math(inp, approximate) * gate).to(x.dtype)
 
 
 def geglu_bwd_ref(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none", upcast: bool = True):
@@ -24,5 +25,5 @@ def geglu_bwd_ref(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none"
     gr = grad.to(t.dtype)
     inp, gate = t.chunk(2, dim=-1)
     d_inp = gelu_bwd_ref(gr * gate, inp, None, approximate, upcast=False)
-    d_gate = gr * F.gelu(inp, approximate=approximate)
+    d_gate = gr * gelu_math(inp, approximate)
     return torch.cat([d_inp, d_gate], dim=-1).to(x.dtype)

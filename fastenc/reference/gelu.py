@@ -7,12 +7,19 @@ import torch
 import torch.nn.functional as F
 
 
+def gelu_math(t: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu(t) with gelu(+inf) = +inf: torch's vectorized fp32 erf form gives NaN there on some CPUs (AVX-512
+    on AMD EPYC), its scalar and fp64 forms +inf."""
+    y = F.gelu(t, approximate=approximate)
+    return torch.where(t == math.inf, t, y) if approximate == "none" else y
+
+
 def gelu_ref(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none", upcast: bool = True):
     """x: (..., N); bias: (N,) added before the activation. Math in fp32 when `upcast`."""
     t = x.float() if upcast else x
     if bias is not None:
         t = t + bias.to(t.dtype)
-    return F.gelu(t, approximate=approximate).to(x.dtype)
+    return gelu_math(t, approximate).to(x.dtype)
 
 
 def gelu_bwd_ref(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none",
