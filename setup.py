@@ -2,8 +2,9 @@
 
 Ahead of time: `FASTENC_BUILD_EXT=1 pip install --no-build-isolation -e .` builds the extension's two halves
 from csrc/ as two modules: `fastenc._C` (bindings.cpp + csrc/cpu/*.cpp) and, when torch has CUDA,
-`fastenc._C_cuda` (bindings.cpp + bindings_cuda.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu; architectures from
-FASTENC_CUDA_ARCHS, default "80;90"). A failing CUDA half is reported and skipped: the cpu half is installed either way.
+`fastenc._C_cuda` (bindings.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cpp + csrc/<op>/*.cu; architectures from
+FASTENC_CUDA_ARCHS, default "80;90"). The source lists are fastenc.extension.sources(): an op's new files join
+with no edit here. A failing CUDA half is reported and skipped: the cpu half is installed either way.
 """
 import importlib.util
 import json
@@ -24,8 +25,8 @@ def _extension_py():
 
 
 def extensions(cuda: bool) -> list:
-    """The cpu half, and the cuda half when `cuda`: two extensions sharing bindings.cpp (split by its #ifdefs); only
-    the cuda half compiles bindings_cuda.cpp."""
+    """The cpu half, and the cuda half when `cuda`: two extensions sharing bindings.cpp (split by its #ifdefs), each
+    with its own ops' sources."""
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     ext_py = _extension_py()

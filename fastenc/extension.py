@@ -1,15 +1,15 @@
 """The C++ extension (csrc/), in two halves that build, load and fail independently:
 
   cpu half  -- csrc/bindings.cpp + csrc/cpu/*.cpp: the cpu backend and the CPU buffer cache;
-  cuda half -- csrc/bindings.cpp + csrc/bindings_cuda.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cu: the cuda
-               backend (only when torch has CUDA and nvcc exists).
-bindings.cpp holds the module definition (and the cpu half's wrappers, under #ifndef FASTENC_WITH_CUDA);
-bindings_cuda.cpp the CUDA wrappers, which the cpu half never compiles.
+  cuda half -- csrc/bindings.cpp with -DFASTENC_WITH_CUDA + csrc/<op>/*.cpp + csrc/<op>/*.cu: the cuda backend (only
+               when torch has CUDA and nvcc exists).
+bindings.cpp holds the module definition and the buffer cache; each op's wrappers live with the op and register
+themselves (csrc/cpu/<op>_bind.cpp, csrc/<op>/<op>_bind.cpp): a new op's files join by the globs of sources().
 
 Each half is loaded at its first use, never at import, in this order:
   1. an ahead-of-time build (`fastenc._C` / `fastenc._C_cuda`, FASTENC_BUILD_EXT=1 pip install ...), if its recorded
      build metadata matches this torch; a mismatch is reported, not crashed on;
-  2. a JIT build with ninja (torch.utils.cpp_extension.load) in $FASTENC_EXT_DIR/<half>-<key> (default under
+  2. a JIT build with ninja (jit_build) in $FASTENC_EXT_DIR/<half>-<key> (default under
      ~/.cache/fastenc/ext-<torch version>-<hash>/), key = build_key: a digest of the sources' content and the flags,
      so two fastenc checkouts or versions keep their own builds; a process needing a folder another is building
      waits for its flock; "building the C++ extension" is printed only when no complete build of the key exists.
@@ -85,18 +85,20 @@ def cuda_archs() -> list[str]:
     return [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
 
 
-def sources(kind: str = "cpu") -> list[str]:
-    """The sources of one half: bindings.cpp plus csrc/cpu/*.cpp (cpu), or bindings.cpp, bindings_cuda.cpp and
-    csrc/<op>/*.cu (cuda)."""
+def sources(kind: str = "cpu", root: Path | None = None) -> list[str]:
+    """The sources of one half under `root` (default csrc_dir()): bindings.cpp plus csrc/cpu/*.cpp (cpu), or
+    bindings.cpp, the op folders' csrc/<op>/*.cpp (their bindings) and csrc/<op>/*.cu (cuda)."""
     _half(kind)
-    root = csrc_dir()
+    root = Path(root) if root is not None else csrc_dir()
     if kind == "cpu":
         return [str(root / "bindings.cpp")] + sorted(glob.glob(str(root / "cpu" / "*.cpp")))
-    return [str(root / "bindings.cpp"), str(root / "bindings_cuda.cpp")] + sorted(glob.glob(str(root / "*" / "*.cu")))
+    ops = [d for d in sorted(root.iterdir()) if d.is_dir() and d.name != "cpu"]
+    return ([str(root / "bindings.cpp")] + sorted(str(f) for d in ops for f in d.glob("*.cpp"))
+            + sorted(str(f) for d in ops for f in d.glob("*.cu")))
 
 
 def define_flags(kind: str) -> list[str]:
-    """The define that selects bindings.cpp's section for a half (bindings_cuda.cpp requires it)."""
+    """The define that selects bindings.cpp's section for a half (the cuda bindings require it)."""
     return ["-DFASTENC_WITH_CUDA"] if _half(kind).kind == "cuda" else []
 
 
@@ -319,21 +321,22 @@ def build_lock(kind: str, key: str | None = None):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _jit_build(kind: str, verbose: bool | None):
-    """Build (or load the cached build of) one half with ninja, under build_lock; RuntimeError with the compiler's
-    message."""
-    stamp = build_key(kind)
+def jit_build(kind: str, verbose: bool | None = None, root: Path | None = None):
+    """Build (or load the cached build of) one half from the sources under `root` (default csrc_dir()) with ninja,
+    under build_lock, and import it; RuntimeError with the compiler's message."""
+    root = Path(root) if root is not None else csrc_dir()
+    stamp = build_key(kind, root)
     with build_lock(kind, stamp):
-        return _jit_build_locked(kind, verbose, stamp)
+        return _jit_build_locked(kind, verbose, stamp, root)
 
 
-def _jit_build_locked(kind: str, verbose: bool | None, stamp: str):
+def _jit_build_locked(kind: str, verbose: bool | None, stamp: str, root: Path):
     from torch.utils.cpp_extension import load as _load
 
     cuda = kind == "cuda"
     d = half_dir(kind, stamp)
     _clear_stale_build(d)
-    srcs = sources(kind)
+    srcs = sources(kind, root)
     name = f"fastenc_ext_{kind}"
     flags = cflags() + define_flags(kind)
     cuda_flags = nvcc_flags() if cuda else None
@@ -349,7 +352,7 @@ def _jit_build_locked(kind: str, verbose: bool | None, stamp: str):
             extra_cflags=flags,
             extra_cuda_cflags=cuda_flags,
             extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(csrc_dir() / "common"), str(csrc_dir())],
+            extra_include_paths=[str(root / "common"), str(root)],
             build_directory=str(d),
             verbose=bool(verbose) if verbose is not None else os.environ.get("FASTENC_VERBOSE_BUILD") == "1",
         )
@@ -398,7 +401,7 @@ def _find_or_build(kind: str, verbose: bool | None):
     missing = _compiler_missing()
     if missing:
         raise RuntimeError(missing + note)
-    return _jit_build(kind, verbose)
+    return jit_build(kind, verbose)
 
 
 def load(verbose: bool | None = None):
@@ -473,9 +476,7 @@ def buffer_empty(shape, like: torch.Tensor) -> torch.Tensor | None:
     """An uninitialized CPU tensor of `shape` with like's dtype from the cache; None when the extension is not
     loaded (nothing is built for it), the cache is off, or while torch.compile traces."""
     mod = _CPU.module
-    if mod is None or torch.compiler.is_compiling():
-        return None
-    if not mod.buffer_cache_enabled():
+    if mod is None or torch.compiler.is_compiling() or not mod.buffer_cache_enabled():
         return None
     return mod.buffer_empty(list(shape), like)
 

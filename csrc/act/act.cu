@@ -1,5 +1,6 @@
 // GELU (+bias) and GeGLU forward: vectorized elementwise kernels (16-byte loads), fp32 math.
 // Exact GELU: 0.5*x*(1 + erf(x/sqrt 2)); tanh form: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))).
+#include "act.h"
 #include "cuda_utils.h"
 
 namespace fastenc_cuda {

@@ -2,6 +2,7 @@
 // (dtype, head dim) to the FlashAttention-2 instances compiled in flash_fwd_fp16.cu / flash_fwd_bf16.cu.
 #include <algorithm>
 
+#include "attention.h"
 #include "flash_fwd.cuh"
 
 namespace fastenc_cuda {

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda_launchers.h"
+#include "cuda_dtype.h"
 
 namespace fastenc_cuda {
 

@@ -1,7 +1,7 @@
 // GELU (+bias) and GeGLU on the CPU, fp32, OpenMP over rows, vectorized inner loops (fast_math.h).
 // exact: gelu(x) = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2));  tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 // GeGLU (ModernBERT order): out = gelu(x[:, :n]) * x[:, n:]. fp32 or bf16 storage (storage.h), fp32 math.
-#include "cpu_kernels.h"
+#include "act.h"
 #include "fast_math.h"
 #include "parallel.h"
 #include "storage.h"

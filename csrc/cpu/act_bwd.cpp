@@ -11,7 +11,7 @@
 
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "act.h"
 #include "fast_math.h"
 #include "parallel.h"
 #include "storage.h"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "attention_dropout.h"
-#include "cpu_kernels.h"
+#include "dropout.h"
 #include "parallel.h"
 
 namespace fastenc_cpu {

@@ -4,7 +4,7 @@
 //   W'[o, i]    = W[o, i] + scale * delta[o, i].
 // Small merges run on one thread (kParallelMinFmas, parallel.h): a parallel region costs more than it saves there,
 // and on a busy machine one descheduled worker stalls the whole region.
-// The unmerged LoRA linear is served by at::addmm in bindings.cpp (it calls this kernel for many tokens).
+// The unmerged LoRA linear is served by at::addmm in lora_bind.cpp (it calls this kernel for many tokens).
 #include <algorithm>
 #include <cstddef>
 

@@ -5,7 +5,7 @@
 // fp32 or bf16 storage (storage.h), fp32 math. A training forward also writes mean and rstd per row (fp32).
 #include <cmath>
 
-#include "cpu_kernels.h"
+#include "norm.h"
 #include "parallel.h"
 #include "storage.h"
 

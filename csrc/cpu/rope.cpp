@@ -9,7 +9,7 @@
 #include <cstring>
 #include <limits>
 
-#include "cpu_kernels.h"
+#include "rope.h"
 #include "parallel.h"
 
 namespace fastenc_cpu {

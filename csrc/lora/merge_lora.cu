@@ -1,6 +1,7 @@
 // LoRA merge (Hu et al. 2021): out = W + scale * (B @ A), W (n_out x n_in) in T, A (rank x n_in) and B (n_out x
 // rank) in fp32; fp32 accumulation over the rank in shared-memory chunks, one rounding into T, 16-byte W accesses.
 #include "cuda_utils.h"
+#include "merge_lora.h"
 
 namespace fastenc_cuda {
 namespace {

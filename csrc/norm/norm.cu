@@ -2,6 +2,7 @@
 // row; the row lives in registers (16-byte vector loads when every row start is 16-byte aligned, else element
 // loads), statistics in fp32 with the two-pass formula; a training forward also writes mean and rstd per row.
 #include "cuda_utils.h"
+#include "norm.h"
 
 namespace fastenc_cuda {
 namespace {

@@ -3,6 +3,7 @@
 // row by row, and the block's dweight/dbias sums stay in registers (per thread, its own columns) until one fp32
 // partial row per block is written; the caller sums the partial rows (a second, small pass).
 #include "cuda_utils.h"
+#include "norm.h"
 
 namespace fastenc_cuda {
 namespace {

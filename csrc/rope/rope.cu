@@ -5,6 +5,7 @@
 // token whose position is outside [0, npos) never indexes cos/sin (no host sync to check them first); its rows
 // are written as NaN, so a bad position shows in the output instead of reading out of bounds.
 #include "cuda_utils.h"
+#include "rope.h"
 
 namespace fastenc_cuda {
 namespace {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,16 +31,34 @@ def fresh_cuda_half(monkeypatch):
 
 def test_sources_split_by_half():
     cpu, cuda = extension.sources("cpu"), extension.sources("cuda")
-    assert Path(cpu[0]).name == Path(cuda[0]).name == "bindings.cpp" and Path(cuda[1]).name == "bindings_cuda.cpp"
+    assert Path(cpu[0]).name == Path(cuda[0]).name == "bindings.cpp"
     assert cpu[1:] and all(Path(s).parent.name == "cpu" and s.endswith(".cpp") for s in cpu[1:])
-    assert cuda[2:] and all(s.endswith(".cu") for s in cuda[2:])
-    # the cpu half compiles no CUDA code: bindings.cpp keeps none (its cuda half only calls bind_cuda)
+    # the cuda half: each op folder's bindings (host compiler) and kernels (nvcc), never csrc/cpu
+    assert {"norm/norm_bind.cpp", "norm/norm.cu", "attention/attention_bind.cpp"} <= {
+        Path(s).relative_to(extension.csrc_dir()).as_posix() for s in cuda}
+    assert all(Path(s).parent.name not in ("cpu", "common") and s.endswith((".cpp", ".cu")) for s in cuda[1:])
+    # the cpu half compiles no CUDA code: bindings.cpp keeps none, and no op's wrappers
     root = extension.csrc_dir()
-    assert not any("bindings_cuda" in s for s in cpu)
-    assert not any(w in (root / "bindings.cpp").read_text() for w in ("cuda_launchers.h", "c10/cuda", "fastenc_cuda::"))
+    text = (root / "bindings.cpp").read_text()
+    assert not any(w in text for w in ("cuda_bind.h", "c10/cuda", "fastenc_cuda::"))
+    assert set(re.findall(r'm\.def\("(\w+)"', text)) == {
+        "torch_version", "has_cuda", "buffer_empty", "buffer_cache_stats", "buffer_cache_release", "set_buffer_cache",
+        "buffer_cache_enabled"}
     assert extension.define_flags("cpu") == [] and extension.define_flags("cuda") == ["-DFASTENC_WITH_CUDA"]
     with pytest.raises(ValueError, match="half must be one of \\['cpu', 'cuda'\\], got 'tpu'"):
         extension.sources("tpu")
+
+
+def test_each_op_registers_its_own_bindings():
+    """Every op's wrappers are registered in its own binding file, one FASTENC_BINDINGS block per file; no file
+    declares every op's kernels (per-op headers)."""
+    root = extension.csrc_dir()
+    binds = sorted(root.glob("*/*_bind.cpp"))
+    assert {p.relative_to(root).as_posix() for p in binds} >= {"cpu/norm_bind.cpp", "cpu/attention_bind.cpp",
+                                                              "norm/norm_bind.cpp", "attention/attention_bind.cpp"}
+    for p in binds:
+        assert p.read_text().count("FASTENC_BINDINGS(") == 1, p
+    assert not (root / "cpu" / "cpu_kernels.h").exists() and not (root / "common" / "cuda_launchers.h").exists()
 
 
 def test_failing_cuda_half_leaves_cpu_backend(monkeypatch, fresh_cuda_half, capsys):
@@ -227,9 +246,9 @@ def test_setup_declares_two_extensions(monkeypatch):
     cpu, cuda = setup_py.extensions(cuda=True)
     assert (cpu.name, cuda.name) == ("fastenc._C", "fastenc._C_cuda")
     assert not any(s.endswith(".cu") for s in cpu.sources) and "csrc/bindings.cpp" in cpu.sources
-    assert "csrc/bindings_cuda.cpp" not in cpu.sources
-    assert cuda.sources[:2] == ["csrc/bindings.cpp", "csrc/bindings_cuda.cpp"]
-    assert all(s.endswith(".cu") for s in cuda.sources[2:])
+    assert not any(s.startswith("csrc/cpu/") for s in cuda.sources) and cuda.sources[0] == "csrc/bindings.cpp"
+    assert "csrc/norm/norm_bind.cpp" in cuda.sources and "csrc/norm/norm.cu" in cuda.sources
+    assert all(s.endswith((".cpp", ".cu")) and s.count("/") == 2 for s in cuda.sources[1:])
     assert "-DFASTENC_WITH_CUDA" in cuda.extra_compile_args["cxx"]
     assert "-DFASTENC_WITH_CUDA" not in cpu.extra_compile_args["cxx"]
 

@@ -1,7 +1,7 @@
 """Every csrc/**/*.cu compiles with nvcc for sm_80 and sm_90 (sm_90a too where a file uses wgmma) without
 register spills; ptxas's registers / shared memory / spills per kernel are printed as a table at the end.
-The cuda half's host sources (csrc/bindings.cpp with FASTENC_WITH_CUDA, csrc/bindings_cuda.cpp) are syntax-checked
-against torch's headers. Needs nvcc, not a GPU.
+The cuda half's host sources (csrc/bindings.cpp with FASTENC_WITH_CUDA, each op folder's csrc/<op>/*_bind.cpp) are
+syntax-checked against torch's headers. Needs nvcc, not a GPU.
 """
 from __future__ import annotations
 
@@ -112,7 +112,9 @@ def compile_one(src: str, arch: str, outdir: str) -> Result:
     return Result(src, arch, rc, log, parse_ptxas(log))
 
 
-HOST_SOURCES = ("bindings.cpp", "bindings_cuda.cpp")  # the cuda half's host-compiled translation units
+# The cuda half's host-compiled translation units: the module definition and each op folder's bindings.
+HOST_SOURCES = ["bindings.cpp"] + sorted(p.relative_to(CSRC).as_posix() for p in CSRC.glob("*/*.cpp")
+                                         if p.parent.name != "cpu")
 
 
 def bindings_syntax_check(src: str) -> Result:

@@ -1,0 +1,30 @@
+// Launchers of the GELU / GeGLU kernels (act.cu), forward and backward.
+// C-style launchers: raw device pointers, sizes, a dtype code (cuda_dtype.h) and the stream; each validates what it
+// can, launches, and returns cudaGetLastError() (or an error code). Tensors contiguous row-major, "T" the tensor's
+// dtype, math fp32. Included by the .cu files (nvcc, no torch) and the op's _bind.cpp (host compiler, torch).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda_dtype.h"
+
+namespace fastenc_cuda {
+
+// out = gelu(x + bias): x, out rows x n; bias (n) may be null. tanh_approx selects the tanh form.
+cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, int64_t n, bool tanh_approx,
+                     int dtype, cudaStream_t stream);
+
+// out = gelu(x[:, :n]) * x[:, n:]: x rows x 2n, out rows x n.
+cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool tanh_approx, int dtype,
+                      cudaStream_t stream);
+
+// Backward of gelu_fwd: dx = grad * gelu'(x + bias) (grad, x, dx rows x n; bias may be null).
+cudaError_t gelu_bwd(const void* grad, const void* x, const void* bias, void* dx, int64_t rows, int64_t n,
+                     bool tanh_approx, int dtype, cudaStream_t stream);
+
+// Backward of geglu_fwd: grad rows x n, x rows x 2n -> dx rows x 2n ([d input | d gate]).
+cudaError_t geglu_bwd(const void* grad, const void* x, void* dx, int64_t rows, int64_t n, bool tanh_approx,
+                      int dtype, cudaStream_t stream);
+
+}  // namespace fastenc_cuda

@@ -1,0 +1,26 @@
+// Launcher of the varlen FlashAttention-2 forward (attention.cu over flash_fwd_*.cu).
+// C-style launchers: raw device pointers, sizes, a dtype code (cuda_dtype.h) and the stream; each validates what it
+// can, launches, and returns cudaGetLastError() (or an error code). Tensors contiguous row-major, "T" the tensor's
+// dtype, math fp32. Included by the .cu files (nvcc, no torch) and the op's _bind.cpp (host compiler, torch).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda_dtype.h"
+
+namespace fastenc_cuda {
+
+// Non-causal varlen attention (FlashAttention-2 forward, tensor cores). q, k, v, out: total_tokens x heads
+// x head_dim (fp16/bf16 only); cu_seqlens: int32 batch+1 on the device, checked where the kernel reads it (a
+// sequence not within 0 <= start <= end <= total is skipped); max_seqlen >= every length (it sizes the grid).
+// Query i of a sequence sees keys j of the same sequence with i-window_left <= j <= i+window_right
+// (a negative window side is unbounded). head_dim in attention_head_dim_supported(). lse (or null): heads x
+// total_tokens fp32, each row's natural log-sum-exp of scale * q.k (+inf for a row that sees no key).
+cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
+                          int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
+                          int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream,
+                          float* lse = nullptr);
+bool attention_head_dim_supported(int64_t head_dim);
+
+}  // namespace fastenc_cuda

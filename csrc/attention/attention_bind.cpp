@@ -1,0 +1,58 @@
+// torch-facing wrapper of the varlen FlashAttention-2 launcher (attention.h) and its registration: attention_cuda.
+// Each checks device, dtype and shapes, makes inputs contiguous, allocates outputs and launches on the current
+// stream of the input's device.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "attention.h"
+#include "cuda_bind.h"
+
+namespace {
+
+using namespace fastenc_cuda_torch;
+
+// cu_seqlens is not read back here (that would synchronize the stream): fastenc.ops.attention validated it on
+// the host (and max_seqlen from the values it read), and the kernel skips a sequence whose bounds it reads
+// outside [0, total_tokens].
+std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                                          int64_t max_seqlen,
+                      int64_t window_left, int64_t window_right, double scale) {
+  check_on(q, q, "attention", "q");
+  check_on(k, q, "attention", "k");
+  check_on(v, q, "attention", "v");
+  check_on(cu_seqlens, q, "attention", "cu_seqlens");
+  const int dt = cuda_dtype(q, "attention", "q", /*half_only=*/true);
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "attention (cuda): k, v must have q's dtype ", q.scalar_type(), ", got ", k.scalar_type(), ", ",
+              v.scalar_type());
+  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "attention (cuda): q, k, v must be (total_tokens, heads, head_dim) of one shape, got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(fastenc_cuda::attention_head_dim_supported(q.size(2)),
+              "attention (cuda): head_dim must be 32, 64, 96 or 128, got ", q.size(2));
+  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2,
+              "attention (cuda): cu_seqlens must be 1-D int32 of length batch+1, got ", cu_seqlens.scalar_type(), " ",
+              cu_seqlens.sizes());
+  TORCH_CHECK(max_seqlen >= 0, "attention (cuda): max_seqlen must be >= 0, got ", max_seqlen);
+  TORCH_CHECK(window_left >= -1 && window_right >= -1,
+              "attention (cuda): window sizes must be >= 0 or -1 (unbounded), got (", window_left, ", ", window_right, ")");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), cu = cu_seqlens.contiguous();
+  Tensor out = at::empty_like(qc);
+  Tensor lse = at::empty({q.size(1), q.size(0)}, qc.options().dtype(at::kFloat));
+  if (q.numel() == 0) return {out, lse.fill_(INFINITY)};
+  check_launch(fastenc_cuda::attention_fwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
+                                           cu.data_ptr<int32_t>(), q.size(0), cu.numel() - 1, q.size(1), q.size(2),
+                                           max_seqlen, window_left, window_right, static_cast<float>(scale), dt,
+                                           c10::cuda::getCurrentCUDAStream(), lse.data_ptr<float>()),
+               "attention");
+  return {out, lse};
+}
+
+}  // namespace
+
+FASTENC_BINDINGS(attention_cuda) {
+  m.def("attention_cuda", &attention_cuda, "varlen bidirectional attention, FlashAttention-2 on tensor cores");
+}
