@@ -12,6 +12,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers.linear import Linear
 from fastenc.ops._common import needs_grad
+from fastenc.ops._padding import gather_rows
 
 
 class SelfAttention(nn.Module):
@@ -75,8 +76,6 @@ class SelfAttention(nn.Module):
         query whose sequence is empty gets zeros. Attention-probability dropout belongs to the attention kernels
         (the mask regenerated in their backward, never stored), so in training with dropout on, as with a Wqkv
         carrying unmerged adapters, the layer runs whole (attend(), then the rows)."""
-        from fastenc.models.padding import gather_rows  # (models import layers)
-
         h, heads, d = self.hidden, self.heads, self.head_dim
         n, t = rows.numel(), x.shape[0]
         if type(self.Wqkv) is not Linear or n == 0 or t == 0 or (self.training and self.dropout > 0):

@@ -43,7 +43,7 @@ from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import BertConfig
-from fastenc.models.padding import gather_rows
+from fastenc.ops._padding import gather_rows
 
 _GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's
 
@@ -440,6 +440,17 @@ def pooler_override(task: str, has_pooler: bool) -> dict:
     return {"add_pooling_layer": has_pooler if task == "base" else task == "sequence_classification"}
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, **kw):
+    """A small transformers BertConfig for tests (Architecture.tiny_config; eager attention as the reference)."""
+    import transformers
+
+    return transformers.BertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=2 * hidden + 8,
+                                   max_position_embeddings=160, type_vocab_size=2,
+                                   num_labels=2 if task == "question_answering" else 5,
+                                   attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="bert",
     config=BertConfig,
@@ -451,4 +462,5 @@ ARCHITECTURE = Architecture(
     config_overrides=pooler_override,
     lora_targets=("query", "value"),
     base_output="BaseModelOutputWithPoolingAndCrossAttentions",
+    tiny_config=tiny_config,
 )

@@ -325,6 +325,16 @@ def weight_map(cfg: DistilBertConfig, task: str, prefix: str = "") -> list[Entry
     return m
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, **kw):
+    """A small transformers DistilBertConfig for tests (Architecture.tiny_config)."""
+    import transformers
+
+    kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
+    return transformers.DistilBertConfig(vocab_size=kw.pop("vocab_size", 211), dim=hidden, n_layers=layers,
+                                         n_heads=heads, hidden_dim=2 * hidden + 8, max_position_embeddings=160,
+                                         attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="distilbert",
     config=DistilBertConfig,
@@ -336,4 +346,5 @@ ARCHITECTURE = Architecture(
     token_types=False,  # (transformers' DistilBERT forward takes no token_type_ids)
     encoder_of=("DistilBertForMultipleChoice",),
     lora_targets=("q_lin", "v_lin"),
+    tiny_config=tiny_config,
 )

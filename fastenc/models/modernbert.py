@@ -32,7 +32,7 @@ from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import (column_attention, padded_first_rows, padded_positions, row_tokens,
                                     rows_with_holes)
 from fastenc.models.config import ModernBertConfig
-from fastenc.models.padding import gather_rows
+from fastenc.ops._padding import gather_rows
 
 
 class ModernBertEmbeddings(nn.Module):
@@ -375,6 +375,19 @@ def hf_config(cfg: ModernBertConfig) -> dict:
         "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_local}}}
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 4, pooling: str = "cls", **kw):
+    """A small transformers ModernBertConfig for tests (Architecture.tiny_config): 4 layers, so both layer types
+    (global every third) and layer 0's missing attention norm are exercised."""
+    import transformers
+
+    return transformers.ModernBertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
+                                         num_attention_heads=heads, intermediate_size=hidden + 24,
+                                         max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+                                         eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                         num_labels=2 if task == "question_answering" else 3,
+                                         classifier_pooling=pooling, attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="modernbert",
     config=ModernBertConfig,
@@ -385,4 +398,5 @@ ARCHITECTURE = Architecture(
     token_types=False,  # (transformers' forward takes token_type_ids and ignores them; so does accelerate)
     hf_config=hf_config,
     lora_targets=("Wqkv",),
+    tiny_config=tiny_config,
 )

@@ -27,7 +27,7 @@ from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
-from fastenc.models.padding import PackedBatch, gather_rows
+from fastenc.ops._padding import PackedBatch, gather_rows
 
 
 class ViTEmbeddings(nn.Module):
@@ -209,6 +209,16 @@ def pooler_override(task: str, has_pooler: bool) -> dict:
     return {"add_pooling_layer": has_pooler if task == "base" else False}
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, image: int = 224,
+                patch: int = 16, **kw):
+    """A small transformers ViTConfig for tests (Architecture.tiny_config)."""
+    import transformers
+
+    return transformers.ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                  intermediate_size=2 * hidden, image_size=image, patch_size=patch, num_labels=4,
+                                  attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="vit",
     config=ViTConfig,
@@ -223,4 +233,5 @@ ARCHITECTURE = Architecture(
     lora_targets=("q_proj", "v_proj"),
     pooling="cls",
     base_output="BaseModelOutputWithPooling",
+    tiny_config=tiny_config,
 )
