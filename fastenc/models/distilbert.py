@@ -33,7 +33,7 @@ from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
-from fastenc.models.bert import BertLayer, _add_norm, _attend, run_blocks, run_first_rows
+from fastenc.models.bert import BertLayer, run_blocks, run_first_rows
 from fastenc.models.columns import padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
@@ -119,13 +119,8 @@ class DistilBertLayer(BertLayer):
     """BERT's post-norm block (inference: the residual adds inside the out_lin and lin2 GEMMs). In training
     DistilBERT has dropout after lin2 only, none on the attention output."""
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.training or self.dropout == 0:
-            return super().forward(x, cu_seqlens, max_seqlen, rows)
-        o, x = _attend(self, x, cu_seqlens, max_seqlen, rows)
-        x = _add_norm(self.attn_norm, self.attn.Wo, o, x, 0.0)
-        return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, self.dropout)
+    def dropouts(self) -> tuple[float, float]:
+        return 0.0, self.dropout if self.training else 0.0
 
 
 def _drop(module: nn.Module, x: torch.Tensor, p: float) -> torch.Tensor:
