@@ -12,6 +12,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers.linear import Linear
 from fastenc.ops._common import needs_grad
+from fastenc.ops._padding import gather_rows
 
 
 class SelfAttention(nn.Module):
@@ -39,9 +40,17 @@ class SelfAttention(nn.Module):
         return self.Wo(self.attend(x, cu_seqlens, max_seqlen, rope), with_bias=out_bias)
 
     def attend(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-               rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """The attention output before Wo: (tokens, hidden)."""
+               rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, plan=None) -> torch.Tensor:
+        """The attention output before Wo: (tokens, hidden). plan: the forward's fastenc.ops.direct.Plan (over
+        these cu_seqlens) or None: with it, one Wqkv GEMM (tokens, 3 * hidden) whose q, k and v column blocks the
+        cpu kernels read in place (its row stride 3 * hidden: at 16 tokens one N = 3 * hidden GEMM is ~1.1-1.6x
+        faster than three N = hidden ones); RoPE rotates q and k into new tensors."""
         t = x.shape[0]
+        if plan is not None:
+            q, k, v = self.Wqkv(x).view(t, 3, self.heads, self.head_dim).unbind(1)
+            if rope is not None:
+                q, k = plan.rope(q, k, *rope)
+            return plan.attention(q, k, v, self.window).view(t, self.hidden)
         if (x.device.type == "cpu" and type(self.Wqkv) is Linear  # (a Wqkv carrying unmerged LoRA: own forward)
                 and not needs_grad(x, self.Wqkv.weight, self.Wqkv.bias)):
             # Inference: the fused Wqkv's three (hidden, hidden) blocks are multiplied into three contiguous
@@ -75,8 +84,6 @@ class SelfAttention(nn.Module):
         query whose sequence is empty gets zeros. Attention-probability dropout belongs to the attention kernels
         (the mask regenerated in their backward, never stored), so in training with dropout on, as with a Wqkv
         carrying unmerged adapters, the layer runs whole (attend(), then the rows)."""
-        from fastenc.models.padding import gather_rows  # (models import layers)
-
         h, heads, d = self.hidden, self.heads, self.head_dim
         n, t = rows.numel(), x.shape[0]
         if type(self.Wqkv) is not Linear or n == 0 or t == 0 or (self.training and self.dropout > 0):

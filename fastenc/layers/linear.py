@@ -100,6 +100,15 @@ class Linear(nn.Module):
                 torch.addmm(bi, x, wt, out=o)
         return outs
 
+    def gelu_epilogue(self, x: torch.Tensor, approximate: str) -> torch.Tensor | None:
+        """gelu(x @ weight.T + bias) with the bias and the GELU ("none" | "tanh") in the panel GEMM's epilogue, or
+        None where that GEMM does not run (prepack.use_panels)."""
+        w = self.weight
+        if not prepack.use_panels(x, w):
+            return None
+        return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, self.bias,
+                                  extension.buffer_empty((x.shape[0], self.out_features), x), gelu=approximate)
+
     def output_bias(self) -> torch.Tensor | None:
         """The bias forward() adds (a caller that runs forward(x, with_bias=False) fuses this one elsewhere)."""
         return self.bias

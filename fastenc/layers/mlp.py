@@ -58,8 +58,14 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
         return self.fc2(self.hidden(x), with_bias=out_bias)
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """act(fc1(x)): (tokens, intermediate), the input of fc2."""
+    def hidden(self, x: torch.Tensor, plan=None) -> torch.Tensor:
+        """act(fc1(x)): (tokens, intermediate), the input of fc2. plan: the forward's fastenc.ops.direct.Plan (GELU
+        activations only) or None: with it, the bias and the GELU in the panel GEMM's epilogue where that GEMM
+        runs (no second pass over the output), else the GEMM, then the GELU kernel in place."""
+        if plan is not None:
+            approx = _ACTS[self.act][0]
+            h = self.fc1.gelu_epilogue(x, approx)
+            return plan.gelu_(self.fc1(x, with_bias=False), self.fc1.bias, approx) if h is None else h
         h = self.fc1(x, with_bias=False)
         return activation(self.act, h, self.fc1.output_bias(), inplace=True)
 
@@ -82,10 +88,17 @@ class GeGLUMLP(nn.Module):
         self.Wo = Linear(intermediate, hidden, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
+        return self.Wo(self.gated(x), with_bias=out_bias)
+
+    def gated(self, x: torch.Tensor, plan=None) -> torch.Tensor:
+        """drop(gelu(input) * gate) of Wi(x): (tokens, intermediate), the input of Wo. plan: the forward's
+        fastenc.ops.direct.Plan (eval mode) or None."""
         h = self.Wi(x)
+        if plan is not None:
+            return plan.geglu_(h, self.approximate)
         n = h.shape[-1] // 2
         out = h[..., :n] if h.is_contiguous() and not needs_grad(h) else None
         g = ops.geglu(h, approximate=self.approximate, out=out)
         if self.training and self.dropout > 0:
             g = F.dropout(g, self.dropout, training=True)
-        return self.Wo(g, with_bias=out_bias)
+        return g

@@ -22,8 +22,11 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, *,
-                input_bias: torch.Tensor | None = None, return_residual: bool = True):
-        """input_bias: the bias of the linear that produced x (fused here); return_residual=False: y alone."""
+                input_bias: torch.Tensor | None = None, return_residual: bool = True, plan=None):
+        """input_bias: the bias of the linear that produced x (fused here); return_residual=False: y alone.
+        plan: the forward's fastenc.ops.direct.Plan (or None), which runs y alone on the cpu kernel."""
+        if plan is not None and (residual is None or not return_residual):
+            return plan.layer_norm(self, x, residual, input_bias)
         return ops.layer_norm(x, self.weight, self.bias, self.eps, residual=residual, input_bias=input_bias,
                               return_residual=return_residual)
 

@@ -50,6 +50,8 @@ import torch
 
 from fastenc import extension, registry
 from fastenc.layers.steps import optimizer_steps
+from fastenc.ops import direct
+from fastenc.ops.direct import GEMM_EVENT  # noqa: F401  (the profiler name of panel_gemm)
 
 MIN_TOKENS = 16  # rows of x from which a large weight's GEMM is packed (the measured crossover; module docstring)
 MIN_TOKENS_SMALL = 64  # rows from which a weight under LARGE_WEIGHT elements is packed
@@ -79,7 +81,7 @@ class PackCache:
         if (self.ref is None or self.ref() is not w or self.ptr != w.data_ptr() or self.version != version
                 or self.parts != parts):
             blocks = w.detach().view(parts, w.shape[0] // parts, w.shape[1]).unbind(0)
-            pack = extension.load().gemm_pack if self.panels else (
+            pack = direct.gemm_pack if self.panels else (
                 lambda b: torch.ops.mkldnn._reorder_linear_weight(b, None))
             self.packed = tuple(pack(b.contiguous()) for b in blocks)
             self.ref, self.ptr, self.version, self.parts = weakref.ref(w), w.data_ptr(), version, parts
@@ -128,14 +130,8 @@ def panel_gemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor
     """x @ W.T (+ bias) with W packed by PackCache(panels=True) (n rows): into `out` ((rows, n), unit column
     stride) when given, added to it when accumulate; else a new tensor. gelu ("none": exact, "tanh"): gelu of
     that, in the GEMM's epilogue. x: (rows, in) fp32, unit column stride.
-    Under the profiler the call is recorded as "fastenc::gemm_packed MxKxN" (fastenc.benchmark.latency reads it)."""
-    if torch.autograd.profiler._is_profiler_enabled:
-        with torch.profiler.record_function(f"{GEMM_EVENT} {x.shape[0]}x{x.shape[1]}x{n}"):
-            return extension.load().gemm_packed(x, panels, n, bias, out, accumulate, gelu)
-    return extension.load().gemm_packed(x, panels, n, bias, out, accumulate, gelu)
-
-
-GEMM_EVENT = "fastenc::gemm_packed"  # the profiler name of panel_gemm (followed by its M x K x N)
+    Under the profiler the call is recorded as "fastenc::gemm_packed MxKxN" (fastenc.ops.direct.gemm_packed)."""
+    return direct.gemm_packed(x, panels, n, bias, out, accumulate, gelu)
 
 
 ROW_BUCKET_BITS = 4  # packed GEMMs run on rows rounded up to 1/16 of their power of two (`packed_rows`)

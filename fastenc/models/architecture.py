@@ -26,6 +26,9 @@ An Architecture declares:
   base_output    the transformers output class name of the base model (accelerate)
   head_outputs   task -> "module:Class" of a transformers output type that is not in transformers.modeling_outputs
                  (accelerate; e.g. DeiT's distilled classification output)
+  tiny_config    (task, hidden=, heads=, layers=, **kw) -> a small transformers config of this architecture, for
+                 tests: `tiny_model(task, seed)` builds the transformers head class on it with random weights (the
+                 test factories of tests/models/_models_hf.py are these, one per registered architecture)
 """
 from __future__ import annotations
 
@@ -72,6 +75,7 @@ class Architecture:
     pooling: str = "mean"
     base_output: str = "BaseModelOutput"
     head_outputs: Mapping[str, str] = field(default_factory=dict)
+    tiny_config: Callable | None = None
 
     def __post_init__(self):
         bad = [t for t in self.heads if t not in TASKS]
@@ -100,6 +104,30 @@ class Architecture:
 
     def overrides(self, task: str, has_pooler: bool) -> dict:
         return {} if self.config_overrides is None else dict(self.config_overrides(task, has_pooler))
+
+    def tiny_model(self, task: str = "base", seed: int = 0, **kw):
+        """A small transformers model of `task` on tiny_config(task, **kw), random weights drawn from `seed`
+        (random_init), in eval mode. Needs transformers."""
+        if self.tiny_config is None:
+            raise ValueError(f"{self.model_type}: no tiny_config is declared")
+        import transformers
+
+        return random_init(getattr(transformers, self.hf_class(task))(self.tiny_config(task, **kw)), seed)
+
+
+def random_init(model, seed: int):
+    """Random non-trivial weights everywhere (norm weights near 1, every other tensor ~0.05 N(0, 1)),
+    deterministic per seed; the model in eval mode."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
 
 
 _TABLE: dict[str, Architecture] | None = None

@@ -33,7 +33,6 @@ from torch import nn
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.dropout import dropout
 from fastenc.layers.embedding import embedding, padding_row
-from fastenc.layers.inference import Plan
 from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
@@ -43,7 +42,8 @@ from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import BertConfig
-from fastenc.models.padding import gather_rows
+from fastenc.ops._padding import gather_rows
+from fastenc.ops.direct import Plan
 
 _GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's
 
@@ -70,7 +70,7 @@ class BertEmbeddings(nn.Module):
 
     def planned(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None, layers,
                 cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, Plan | None]:
-        """forward() in inference, with the Plan of the blocks that follow (fastenc.layers.inference) made on the
+        """forward() in inference, with the Plan of the blocks that follow (fastenc.ops.direct) made on the
         embeddings' sum and running their LayerNorm -> (x, plan); plan None (x as forward()'s) when none applies."""
         if self.training or torch.is_grad_enabled() or type(self.norm) is not LayerNorm:
             return self(ids, positions, types), None
@@ -78,9 +78,7 @@ class BertEmbeddings(nn.Module):
         x.add_(self.token_type.weight[0] if types is None else F.embedding(types, self.token_type.weight))
         plan = _plan(layers, x, cu_seqlens)
         at = F.embedding(positions, self.position.weight)
-        if plan is None:
-            return self.norm(at, residual=x, return_residual=False), None
-        return plan.embed_norm(self.norm, at, x), plan
+        return self.norm(at, residual=x, return_residual=False, plan=plan), plan
 
 
 class BertLayer(nn.Module):
@@ -114,27 +112,31 @@ class BertLayer(nn.Module):
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+                rows: torch.Tensor | None = None, plan: Plan | None = None) -> torch.Tensor:
         """x: (tokens, hidden), a buffer of this model's own (the embeddings' or the previous layer's output): it
         is overwritten unless autograd records the call or dropout is on. rows (n,) int64: attention over every
-        token, then Wo, the norms and the MLP at those rows only -> (n, hidden)."""
-        o, x = _attend(self, x, cu_seqlens, max_seqlen, rows)
+        token, then Wo, the norms and the MLP at those rows only -> (n, hidden). plan: the forward's
+        fastenc.ops.direct.Plan (its cpu kernels called directly) or None (the public ops)."""
+        if rows is None:
+            return self.finish(self.attn.attend(x, cu_seqlens, max_seqlen, plan=plan), x, plan)
+        return self.finish(self.attn.attend_rows(x, cu_seqlens, max_seqlen, rows), gather_rows(x, rows))
+
+    def dropouts(self) -> tuple[float, float]:
+        """The dropout on the attention output and on the MLP output (0 in eval mode)."""
         p = self.dropout if self.training else 0.0
-        if not torch.is_grad_enabled() and p == 0:
+        return p, p
+
+    def finish(self, o: torch.Tensor, x: torch.Tensor, plan: Plan | None = None) -> torch.Tensor:
+        """The block after attention: LN(x + drop(Wo o)), then LN(. + drop(mlp(.))). o: the attention output at
+        x's rows (before Wo); x: the residual, overwritten where the block runs in place (see forward)."""
+        pa, pm = self.dropouts()
+        if not torch.is_grad_enabled() and pa == pm == 0:
             self.attn.Wo.accumulate_(o, x)
-            x = self.attn_norm(x, input_bias=self.attn.Wo.output_bias())
-            self.mlp.fc2.accumulate_(self.mlp.hidden(x), x)
-            return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias())
-        x = _add_norm(self.attn_norm, self.attn.Wo, o, x, p)
-        return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, p)
-
-
-def _attend(layer: BertLayer, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rows):
-    """(attention output, residual) of a block, both at `rows` only when given (keys and values need every row, the
-    queries those rows only: SelfAttention.attend_rows)."""
-    if rows is None:
-        return layer.attn.attend(x, cu_seqlens, max_seqlen), x
-    return layer.attn.attend_rows(x, cu_seqlens, max_seqlen, rows), gather_rows(x, rows)
+            x = self.attn_norm(x, input_bias=self.attn.Wo.output_bias(), plan=plan)
+            self.mlp.fc2.accumulate_(self.mlp.hidden(x, plan), x)
+            return self.mlp_norm(x, input_bias=self.mlp.fc2.output_bias(), plan=plan)
+        x = _add_norm(self.attn_norm, self.attn.Wo, o, x, pa)
+        return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, pm)
 
 
 def run_first_rows(layers, x: torch.Tensor, batch, pos: torch.Tensor, plan: Plan | None = None):
@@ -162,10 +164,8 @@ def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, colum
     plan = _plan(layers, x, batch.cu_seqlens) if plan is None else plan
     for layer in layers:
         if rows is not None:  # (before `layer` overwrites x)
-            o = column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos)
-            xg = layer.attn_norm(layer.attn.Wo(o), residual=xg, return_residual=False)
-            xg = layer.mlp_norm(layer.mlp(xg), residual=xg, return_residual=False)
-        x = layer(x, batch.cu_seqlens, batch.max_seqlen) if plan is None else _planned_block(layer, x, plan)
+            xg = layer.finish(column_attention(layer.attn, xg, rows, cols, x, batch.cu_seqlens, pos), xg)
+        x = layer(x, batch.cu_seqlens, batch.max_seqlen, plan=plan)
     if padded:
         return x, batch, None if rows is None else (rows, cols, xg)
     first = None
@@ -177,9 +177,9 @@ def run_blocks(layers, x: torch.Tensor, batch, pos: torch.Tensor, queries, colum
 
 
 def _plan(layers, x: torch.Tensor, cu_seqlens: torch.Tensor) -> Plan | None:
-    """This forward's direct cpu-kernel form of the blocks (fastenc.layers.inference), or None: only for BERT's
-    own blocks in eval mode with plain Linears (not carrying unmerged LoRA) and a GELU activation. (A subclass in
-    eval mode, DistilBertLayer, runs BertLayer.forward.)"""
+    """This forward's direct cpu-kernel form of the blocks (fastenc.ops.direct.Plan), or None: only for BERT's
+    blocks (DistilBERT's too) in eval mode with plain Linears (not carrying unmerged LoRA) and a GELU
+    activation."""
     if not layers or torch.is_grad_enabled():
         return None
     for layer in layers:
@@ -189,15 +189,6 @@ def _plan(layers, x: torch.Tensor, cu_seqlens: torch.Tensor) -> Plan | None:
                 or any(type(m) is not Linear for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.fc1, layer.mlp.fc2))):
             return None
     return Plan.make(x, cu_seqlens, layers[0].attn.heads, layers[0].attn_norm)
-
-
-def _planned_block(layer: BertLayer, x: torch.Tensor, plan: Plan) -> torch.Tensor:
-    """BertLayer.forward's inference form (the same steps, the same kernels) through the forward's Plan."""
-    a, mlp = layer.attn, layer.mlp
-    a.Wo.accumulate_(plan.qkv_attention(a.Wqkv, x, a.heads, a.window), x)
-    x = plan.layer_norm(layer.attn_norm, x, a.Wo.bias)
-    mlp.fc2.accumulate_(plan.linear_gelu(mlp.fc1, x, _GELU[mlp.act]), x)
-    return plan.layer_norm(layer.mlp_norm, x, mlp.fc2.bias)
 
 
 def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:
@@ -440,6 +431,17 @@ def pooler_override(task: str, has_pooler: bool) -> dict:
     return {"add_pooling_layer": has_pooler if task == "base" else task == "sequence_classification"}
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, **kw):
+    """A small transformers BertConfig for tests (Architecture.tiny_config; eager attention as the reference)."""
+    import transformers
+
+    return transformers.BertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=2 * hidden + 8,
+                                   max_position_embeddings=160, type_vocab_size=2,
+                                   num_labels=2 if task == "question_answering" else 5,
+                                   attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="bert",
     config=BertConfig,
@@ -451,4 +453,5 @@ ARCHITECTURE = Architecture(
     config_overrides=pooler_override,
     lora_targets=("query", "value"),
     base_output="BaseModelOutputWithPoolingAndCrossAttentions",
+    tiny_config=tiny_config,
 )

@@ -123,6 +123,16 @@ LEGACY_NAMES = (  # DeiT before transformers 5 (deit.encoder.layer.N.attention.a
 )
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, image: int = 32, patch: int = 8,
+                **kw):
+    """A small transformers DeiTConfig for tests (Architecture.tiny_config)."""
+    import transformers
+
+    return transformers.DeiTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                   intermediate_size=2 * hidden, image_size=image, patch_size=patch,
+                                   attn_implementation="eager", **{"num_labels": 4, **kw})
+
+
 ARCHITECTURE = Architecture(
     model_type="deit",
     config=DeiTConfig,
@@ -139,4 +149,5 @@ ARCHITECTURE = Architecture(
     base_output="BaseModelOutputWithPooling",
     head_outputs={"image_classification_with_teacher":
                   "transformers.models.deit.modeling_deit:DeiTForImageClassificationWithTeacherOutput"},
+    tiny_config=tiny_config,
 )

@@ -33,7 +33,7 @@ from fastenc.lora import LoraMixin
 from fastenc.models import heads
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
-from fastenc.models.bert import BertLayer, _add_norm, _attend, run_blocks, run_first_rows
+from fastenc.models.bert import BertLayer, run_blocks, run_first_rows
 from fastenc.models.columns import padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
@@ -119,13 +119,8 @@ class DistilBertLayer(BertLayer):
     """BERT's post-norm block (inference: the residual adds inside the out_lin and lin2 GEMMs). In training
     DistilBERT has dropout after lin2 only, none on the attention output."""
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.training or self.dropout == 0:
-            return super().forward(x, cu_seqlens, max_seqlen, rows)
-        o, x = _attend(self, x, cu_seqlens, max_seqlen, rows)
-        x = _add_norm(self.attn_norm, self.attn.Wo, o, x, 0.0)
-        return _add_norm(self.mlp_norm, self.mlp.fc2, self.mlp.hidden(x), x, self.dropout)
+    def dropouts(self) -> tuple[float, float]:
+        return 0.0, self.dropout if self.training else 0.0
 
 
 def _drop(module: nn.Module, x: torch.Tensor, p: float) -> torch.Tensor:
@@ -325,6 +320,16 @@ def weight_map(cfg: DistilBertConfig, task: str, prefix: str = "") -> list[Entry
     return m
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, **kw):
+    """A small transformers DistilBertConfig for tests (Architecture.tiny_config)."""
+    import transformers
+
+    kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
+    return transformers.DistilBertConfig(vocab_size=kw.pop("vocab_size", 211), dim=hidden, n_layers=layers,
+                                         n_heads=heads, hidden_dim=2 * hidden + 8, max_position_embeddings=160,
+                                         attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="distilbert",
     config=DistilBertConfig,
@@ -336,4 +341,5 @@ ARCHITECTURE = Architecture(
     token_types=False,  # (transformers' DistilBERT forward takes no token_type_ids)
     encoder_of=("DistilBertForMultipleChoice",),
     lora_targets=("q_lin", "v_lin"),
+    tiny_config=tiny_config,
 )

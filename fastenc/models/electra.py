@@ -172,6 +172,18 @@ def weight_map(cfg: ElectraConfig, task: str, prefix: str = "") -> list[Entry]:
     return m
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, embedding: int = 48, **kw):
+    """A small transformers ElectraConfig for tests (Architecture.tiny_config): embedding_size != hidden_size, so
+    the embeddings_project layer is exercised; question answering has 2 labels."""
+    import transformers
+
+    kw.setdefault("num_labels", 2 if task == "question_answering" else 5)
+    return transformers.ElectraConfig(vocab_size=211, embedding_size=embedding, hidden_size=hidden,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      intermediate_size=2 * hidden + 8, max_position_embeddings=160,
+                                      type_vocab_size=2, attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="electra",
     config=ElectraConfig,
@@ -182,4 +194,5 @@ ARCHITECTURE = Architecture(
     encoder_of=("ElectraForPreTraining", "ElectraForMaskedLM"),
     lora_targets=("query", "value"),
     base_output="BaseModelOutputWithPastAndCrossAttentions",
+    tiny_config=tiny_config,
 )

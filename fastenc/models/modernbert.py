@@ -21,7 +21,6 @@ from torch import nn
 
 from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
-from fastenc.layers.inference import Plan, pre_norm_block
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.lora import LoraMixin
 from fastenc.models import heads
@@ -32,7 +31,8 @@ from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import (column_attention, padded_first_rows, padded_positions, row_tokens,
                                     rows_with_holes)
 from fastenc.models.config import ModernBertConfig
-from fastenc.models.padding import gather_rows
+from fastenc.ops._padding import gather_rows
+from fastenc.ops.direct import Plan
 
 
 class ModernBertEmbeddings(nn.Module):
@@ -66,10 +66,83 @@ class ModernBertLayer(nn.Module):
         """The dropout on Wo's output (transformers' out_drop: attention_dropout), 0 in eval mode."""
         return self.attn.dropout if self.training else 0.0
 
+    def forward(self, h: torch.Tensor, delta, step: "_Step", trim: bool = False, queries=None):
+        """One pre-norm block: h += drop(Wo(attention(rope(q, k), v))) of attn_norm(h) (layer 0: no norm there);
+        h += Wo(drop(geglu(Wi(mlp_norm(h))))). h: the residual stream (tokens, hidden); delta: (y, bias), the
+        previous block's output not yet added to h (the add fused into this block's attn_norm), or None.
+        Returns (h, delta, queries): this block's output left in delta for the next norm, or, through the
+        forward's plan (step.plan, eval mode on CPU), added into h in place (delta None).
+        trim: the second half at each sequence's first row only (h and the result (batch, hidden); keys and values
+        at every token). queries: the padded queries' stream (h, delta) beside the packed tokens (their attention
+        over the real tokens by columns.column_attention), or None."""
+        plan = step.plan
+        rope = (*step.tables[self.kind], step.pos)
+        if plan is not None and delta is None and not trim and queries is None:
+            y = h if self.attn_norm is None else self.attn_norm(h, plan=plan)
+            _accumulate(self.attn.Wo, self.attn.attend(y, step.cu_seqlens, step.max_seqlen, rope, plan), h)
+            _accumulate(self.mlp.Wo, self.mlp.gated(self.mlp_norm(h, plan=plan), plan), h)
+            return h, None, None
+        y, h = self._pre(h, delta)
+        window = self.attn.window
+        holes_here = step.hole_tok is not None and window is not None
+        if trim and not holes_here:  # queries at the first rows only (keys and values at every token)
+            o = self.attn.attend_rows(y, step.cu_seqlens, step.max_seqlen, step.batch.first_rows(), rope=rope)
+            h = _first_rows(h, step.batch)
+        else:
+            o = self.attn.attend(y, step.cu_seqlens, step.max_seqlen, rope=rope)
+            if holes_here:  # sliding windows in padded columns, as transformers measures them
+                fixed = column_attention(self.attn, y[step.hole_tok], step.hole_rows, step.pos[step.hole_tok], y,
+                                         step.cu_seqlens, step.pos, window, rope[:2])
+                o = o.index_copy(0, step.hole_tok, fixed)
+            if trim:
+                o, h = _first_rows(o, step.batch), _first_rows(h, step.batch)
+        if queries is not None:
+            yg, hg = self._pre(*queries)
+            og = column_attention(self.attn, yg, step.rows, step.cols, y, step.cu_seqlens, step.pos, window,
+                                  rope[:2], seq=step.seq)
+            queries = self._post(og, hg)
+        return (*self._post(o, h), queries)
+
+    def _pre(self, h: torch.Tensor, delta) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attn_norm(h + delta), h + delta): the attention input and the residual stream."""
+        if delta is None:
+            return (h if self.attn_norm is None else self.attn_norm(h)), h
+        return self.attn_norm(delta[0], residual=h, input_bias=delta[1])
+
+    def _post(self, o: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """The block after attention: (h + drop(Wo o), the MLP's output on its norm, not yet added)."""
+        a, a_bias = self.attn.Wo(o, with_bias=False), self.attn.Wo.output_bias()
+        p = self.out_dropout()
+        if p > 0:  # transformers' out_drop(Wo(o)): the bias added before the dropout
+            a = F.dropout(a if a_bias is None else a + a_bias, p, training=True)
+            a_bias = None
+        y, h = self.mlp_norm(a, residual=h, input_bias=a_bias)
+        return h, (self.mlp(y, out_bias=False), self.mlp.Wo.output_bias())
+
+
+def _accumulate(linear: Linear, x: torch.Tensor, out: torch.Tensor) -> None:
+    """out += linear(x), bias included, in place."""
+    linear.accumulate_(x, out)
+    if linear.bias is not None:
+        out.add_(linear.bias)
+
+
+class _Step:
+    """What every block of one forward shares: the packed batch, the RoPE tables and positions, the tokens of rows
+    whose mask has holes (hole_tok, their rows), the padded queries' (rows, cols) and row length (seq: the padded
+    width where every padded column is computed, else None), and the plan (fastenc.ops.direct.Plan or None)."""
+
+    __slots__ = ("batch", "cu_seqlens", "max_seqlen", "pos", "tables", "hole_tok", "hole_rows", "rows", "cols",
+                 "seq", "plan")
+
+    def __init__(self, **kw):
+        for name in self.__slots__:
+            setattr(self, name, kw.get(name))
+
 
 def _plan(layers, h: torch.Tensor, cu_seqlens: torch.Tensor, tables: dict, pos: torch.Tensor) -> Plan | None:
-    """This forward's direct cpu-kernel form of the blocks (fastenc.layers.inference.pre_norm_block), or None: only
-    for ModernBERT's own blocks in eval mode with plain Linears (not carrying unmerged LoRA), no autograd recording."""
+    """This forward's direct cpu-kernel form of the blocks (fastenc.ops.direct.Plan), or None: only for
+    ModernBERT's own blocks in eval mode with plain Linears (not carrying unmerged LoRA), no autograd recording."""
     if not layers or torch.is_grad_enabled():
         return None
     for layer in layers:
@@ -147,74 +220,47 @@ class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         length = int(input_ids.shape[1])
         tables = {k: self._rope_table(k, length, ids.device) for k in set(cfg.layer_types)}
         holes = rows_with_holes(mask) if any(layer.attn.window is not None for layer in self.layers) else None
-        hole_tok = None if holes is None else row_tokens(batch.cu_seqlens, holes)
-        hole_rows = None if holes is None else torch.repeat_interleave(holes, batch.seqlens()[holes])
+        step = _Step(batch=batch, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen, pos=pos, tables=tables,
+                     seq=length if padded else None)
+        if holes is not None:
+            step.hole_tok = row_tokens(batch.cu_seqlens, holes)
+            step.hole_rows = torch.repeat_interleave(holes, batch.seqlens()[holes])
         rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
+        queries = None
         if rows is not None:  # the padded queries' residual stream (column 0 or all), run beside the packed tokens
             cols = torch.zeros_like(rows) if cols is None else cols
-            hg = self.embeddings(input_ids[rows, cols])
+            step.rows, step.cols = rows, cols
+            queries = (self.embeddings(input_ids[rows, cols]), None)
         h = self.embeddings(ids)  # the residual stream
-        plan = _plan(self.layers, h, batch.cu_seqlens, tables, pos) if hole_tok is None and rows is None else None
+        if step.hole_tok is None and rows is None:  # inference on CPU: the blocks' kernels through one plan
+            step.plan = _plan(self.layers, h, batch.cu_seqlens, tables, pos)
         first_only = first_only and not (column0 or padded)
         last = len(self.layers) - 1
-        # inference on CPU: the blocks through one plan (fastenc.layers.inference); with first_only the last block
-        # is left to the loop below, which runs its second half on the first rows only
-        planned = 0 if plan is None else last + (0 if first_only else 1)
-        for layer in self.layers[:planned]:
-            h = pre_norm_block(plan, layer, h, (*tables[layer.kind], pos), layer.mlp.approximate)
-        delta, delta_bias = None, None  # the last block output not yet added to h, and its bias (mlp_bias)
+        delta = None  # the last block's output not yet added to h
         for i, layer in enumerate(self.layers):
-            if i < planned:
-                continue
-            if delta is None:
-                y = h if layer.attn_norm is None else layer.attn_norm(h)
-            else:
-                y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
-            cos, sin = tables[layer.kind]
-            window = layer.attn.window
-            trim = first_only and i == last  # the rest of the last layer only where the pooling reads
-            holes_here = hole_tok is not None and window is not None
-            if trim and not holes_here:  # queries at the first rows only (keys and values at every token)
-                o = layer.attn.attend_rows(y, batch.cu_seqlens, batch.max_seqlen, batch.first_rows(),
-                                           rope=(cos, sin, pos))
-                h = _first_rows(h, batch)
-            else:
-                o = layer.attn.attend(y, batch.cu_seqlens, batch.max_seqlen, rope=(cos, sin, pos))
-                if holes_here:
-                    fixed = column_attention(layer.attn, y[hole_tok], hole_rows, pos[hole_tok], y,
-                                             batch.cu_seqlens, pos, window, (cos, sin))
-                    o = o.index_copy(0, hole_tok, fixed)
-                if trim:
-                    o, h = _first_rows(o, batch), _first_rows(h, batch)
-            a = layer.attn.Wo(o, with_bias=False)
-            a_bias = layer.attn.Wo.output_bias()
-            p = layer.out_dropout()
-            if p > 0:  # transformers' out_drop(Wo(o)): the bias added before the dropout
-                a = F.dropout(a if a_bias is None else a + a_bias, p, training=True)
-                a_bias = None
-            if rows is not None:
-                yg = hg if layer.attn_norm is None else layer.attn_norm(hg)
-                og = column_attention(layer.attn, yg, rows, cols, y, batch.cu_seqlens, pos, window, (cos, sin),
-                                      seq=length if padded else None)
-                hg = hg + layer.attn.Wo(og)
-                hg = hg + layer.mlp(layer.mlp_norm(hg))
-            y, h = layer.mlp_norm(a, residual=h, input_bias=a_bias)
-            delta, delta_bias = layer.mlp(y, out_bias=False), layer.mlp.Wo.output_bias()
+            h, delta, queries = layer(h, delta, step, trim=first_only and i == last, queries=queries)
         if delta is None:
             x = self.final_norm(_first_rows(h, batch) if first_only else h)
         else:
-            x = self.final_norm(delta, residual=h, input_bias=delta_bias, return_residual=False)
+            x = self._final(h, delta)
         if first_only:
             empty = batch.seqlens() == 0
             return (x.masked_fill(empty[:, None], 0) if bool(empty.any()) else x), batch, None
+        states = None if rows is None else self._final(*queries)
         if padded:
-            return x, batch, None if rows is None else (rows, cols, self.final_norm(hg))
+            return x, batch, None if rows is None else (rows, cols, states)
         first = None
         if column0:
             first = batch.first_tokens(x)
             if rows is not None:
-                first = first.index_copy(0, rows, self.final_norm(hg).to(first.dtype))
+                first = first.index_copy(0, rows, states.to(first.dtype))
         return x, batch, first
+
+    def _final(self, h: torch.Tensor, delta) -> torch.Tensor:
+        """final_norm(h + delta), delta being the last block's output not yet added (None: already in h)."""
+        if delta is None:
+            return self.final_norm(h)
+        return self.final_norm(delta[0], residual=h, input_bias=delta[1], return_residual=False)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
         x, batch = self._encode(input_ids, attention_mask)
@@ -375,6 +421,19 @@ def hf_config(cfg: ModernBertConfig) -> dict:
         "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta_local}}}
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 4, pooling: str = "cls", **kw):
+    """A small transformers ModernBertConfig for tests (Architecture.tiny_config): 4 layers, so both layer types
+    (global every third) and layer 0's missing attention norm are exercised."""
+    import transformers
+
+    return transformers.ModernBertConfig(vocab_size=211, hidden_size=hidden, num_hidden_layers=layers,
+                                         num_attention_heads=heads, intermediate_size=hidden + 24,
+                                         max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+                                         eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                         num_labels=2 if task == "question_answering" else 3,
+                                         classifier_pooling=pooling, attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="modernbert",
     config=ModernBertConfig,
@@ -385,4 +444,5 @@ ARCHITECTURE = Architecture(
     token_types=False,  # (transformers' forward takes token_type_ids and ignores them; so does accelerate)
     hf_config=hf_config,
     lora_targets=("Wqkv",),
+    tiny_config=tiny_config,
 )

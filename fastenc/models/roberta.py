@@ -220,9 +220,25 @@ HEADS = {"base": RobertaModel, "sequence_classification": RobertaForSequenceClas
          "masked_lm": RobertaForMaskedLM}
 
 
-def architecture_of(model_type: str, config: type, classes: dict) -> Architecture:
+def tiny_config_of(family: str):
+    """Architecture.tiny_config of RoBERTa or a family with its layout (`family`: the transformers name prefix,
+    "Roberta", "XLMRoberta"): pad_token_id 1 (positions start at 2); a 160-row position table holds 158 tokens;
+    one token type."""
+    def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, vocab: int = 211, **kw):
+        import transformers
+
+        return getattr(transformers, f"{family}Config")(
+            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=2 * hidden + 8, max_position_embeddings=160, type_vocab_size=1, pad_token_id=1,
+            bos_token_id=0, eos_token_id=2, num_labels=2 if task == "question_answering" else 5,
+            attn_implementation="eager", **kw)
+
+    return tiny_config
+
+
+def architecture_of(model_type: str, config: type, classes: dict, family: str) -> Architecture:
     """The Architecture record of RoBERTa or a family with its layout (fastenc classes per task, their
-    transformers names are the fastenc class names)."""
+    transformers names are the fastenc class names; `family`: their prefix, for tiny_config_of)."""
     return Architecture(
         model_type=model_type,
         config=config,
@@ -233,7 +249,8 @@ def architecture_of(model_type: str, config: type, classes: dict) -> Architectur
         lora_targets=("query", "value"),
         pooling="mean",
         base_output="BaseModelOutputWithPoolingAndCrossAttentions",
+        tiny_config=tiny_config_of(family),
     )
 
 
-ARCHITECTURE = architecture_of("roberta", RobertaConfig, HEADS)
+ARCHITECTURE = architecture_of("roberta", RobertaConfig, HEADS, "Roberta")

@@ -27,7 +27,7 @@ from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
-from fastenc.models.padding import PackedBatch, gather_rows
+from fastenc.ops._padding import PackedBatch, gather_rows
 
 
 class ViTEmbeddings(nn.Module):
@@ -61,6 +61,23 @@ class ViTLayer(nn.Module):
                                   dropout=cfg.attention_probs_dropout_prob)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
         self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
+        self.dropout = cfg.hidden_dropout_prob
+
+    def forward(self, h: torch.Tensor, delta, batch: PackedBatch, rows: torch.Tensor | None = None):
+        """One pre-norm block: h += drop(attn(attn_norm(h))); h += drop(mlp(mlp_norm(h))). h: the residual stream
+        (tokens, hidden); delta: (y, bias), the previous block's output not yet added to h (the add and the bias
+        fused into this block's attn_norm), or None. rows: keys and values at every token, the rest at those rows
+        only (h and the result (n, hidden)). Returns (h, delta), this block's output left in delta."""
+        p = self.dropout if self.training else 0.0
+        y, h = (self.attn_norm(h), h) if delta is None else self.attn_norm(delta[0], residual=h, input_bias=delta[1])
+        if rows is not None:
+            o = self.attn.attend_rows(y, batch.cu_seqlens, batch.max_seqlen, rows)
+            h = gather_rows(h, rows)
+            a = _dropped(self.attn.Wo(o, with_bias=p > 0), self.attn.Wo, p)
+        else:
+            a = _dropped(self.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=p > 0), self.attn.Wo, p)
+        y, h = self.mlp_norm(a[0], residual=h, input_bias=a[1])
+        return h, _dropped(self.mlp(y, out_bias=p > 0), self.mlp.fc2, p)
 
 
 class ViTModel(LoraMixin, SaveMixin, nn.Module):
@@ -98,27 +115,14 @@ class ViTModel(LoraMixin, SaveMixin, nn.Module):
         b, s = pixel_values.shape[0], self.embeddings.position.shape[1]  # patches + the prepended tokens
         batch = PackedBatch(None, b, s, pixel_values.device)
         h = self.embeddings(pixel_values)
-        p = self.config.hidden_dropout_prob if self.training else 0.0
-        delta, delta_bias = None, None  # the last fc2 output, its bias left to the next norm
+        delta = None  # the last block's output (fc2's, its bias left to the next norm)
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            if delta is None:
-                y = layer.attn_norm(h)
-            else:
-                y, h = layer.attn_norm(delta, residual=h, input_bias=delta_bias)
-            if first_only and i == last:  # keys and values need every token; the rest, the CLS rows only
-                rows = batch.first_rows()
-                o = layer.attn.attend_rows(y, batch.cu_seqlens, batch.max_seqlen, rows)
-                h = gather_rows(h, rows)
-                a = _dropped(layer.attn.Wo(o, with_bias=p > 0), layer.attn.Wo, p)
-            else:
-                a = _dropped(layer.attn(y, batch.cu_seqlens, batch.max_seqlen, out_bias=p > 0), layer.attn.Wo, p)
-            y, h = layer.mlp_norm(a[0], residual=h, input_bias=a[1])
-            delta, delta_bias = _dropped(layer.mlp(y, out_bias=p > 0), layer.mlp.fc2, p)
+        for i, layer in enumerate(self.layers):  # the last one at the CLS rows only, with first_only
+            h, delta = layer(h, delta, batch, batch.first_rows() if first_only and i == last else None)
         if delta is None:
             x = self.norm(h)
             return (batch.first_tokens(x) if first_only else x), batch
-        return self.norm(delta, residual=h, input_bias=delta_bias, return_residual=False), batch
+        return self.norm(delta[0], residual=h, input_bias=delta[1], return_residual=False), batch
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
         """act(dense(hidden[:, 0])): (batch, seq, hidden) -> (batch, pooler_output_size)."""
@@ -209,6 +213,16 @@ def pooler_override(task: str, has_pooler: bool) -> dict:
     return {"add_pooling_layer": has_pooler if task == "base" else False}
 
 
+def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, image: int = 224,
+                patch: int = 16, **kw):
+    """A small transformers ViTConfig for tests (Architecture.tiny_config)."""
+    import transformers
+
+    return transformers.ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                                  intermediate_size=2 * hidden, image_size=image, patch_size=patch, num_labels=4,
+                                  attn_implementation="eager", **kw)
+
+
 ARCHITECTURE = Architecture(
     model_type="vit",
     config=ViTConfig,
@@ -223,4 +237,5 @@ ARCHITECTURE = Architecture(
     lora_targets=("q_proj", "v_proj"),
     pooling="cls",
     base_output="BaseModelOutputWithPooling",
+    tiny_config=tiny_config,
 )

@@ -36,4 +36,4 @@ class XLMRobertaForMaskedLM(roberta.RobertaForMaskedLM):
 ARCHITECTURE = roberta.architecture_of("xlm-roberta", XLMRobertaConfig, {
     "base": XLMRobertaModel, "sequence_classification": XLMRobertaForSequenceClassification,
     "token_classification": XLMRobertaForTokenClassification,
-    "question_answering": XLMRobertaForQuestionAnswering, "masked_lm": XLMRobertaForMaskedLM})
+    "question_answering": XLMRobertaForQuestionAnswering, "masked_lm": XLMRobertaForMaskedLM}, "XLMRoberta")

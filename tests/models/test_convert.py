@@ -11,13 +11,19 @@ import _models_hf as _hf
 from fastenc.models import architecture, convert
 from fastenc.models.loading import SUPPORTED
 
-# Every head of every registered architecture (a transformers factory named after the model_type in _models_hf).
+# Every head of every registered architecture, on its tiny_config (declared in its model file).
 CASES = [(a, t) for a, spec in architecture.architectures().items() for t in spec.heads]
 
 
 def _make(arch, task):
     small = dict(layers=1, image=32, patch=8) if architecture.get(arch).modality == "vision" else dict(layers=2)
-    return getattr(_hf, arch.replace("-", "_"))(task, **small)
+    return architecture.get(arch).tiny_model(task, **small)
+
+
+def test_every_architecture_has_a_test_factory():
+    for name, arch in architecture.architectures().items():
+        assert arch.tiny_config is not None, name
+        assert getattr(_hf, name.replace("-", "_"))().config.model_type == name  # (the factory _models_hf derives)
 
 
 @pytest.mark.parametrize("arch,task", CASES, ids=[f"{a}-{t}" for a, t in CASES])

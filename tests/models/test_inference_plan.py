@@ -1,4 +1,4 @@
-"""The per-forward CPU inference plan of BERT's layer loop (fastenc.layers.inference) and the panel GEMM
+"""The per-forward CPU inference plan of BERT's and ModernBERT's blocks (fastenc.ops.direct.Plan) and the panel GEMM
 (fastenc.layers.prepack.use_panels, csrc/cpu/gemm.cpp): outputs held to transformers and to the public ops, the
 plan taken only where it applies, cu_seqlens checked once by the plan and still by the public op."""
 from __future__ import annotations
@@ -13,36 +13,37 @@ import fastenc
 from fastenc import extension, ops, testing
 from fastenc.layers import Linear, prepack
 from _layers import random_linear as _linear
-from fastenc.layers.inference import Plan
-from fastenc.models import bert as fbert
+from fastenc.layers import MLP, SelfAttention
+from fastenc.ops.direct import Plan
 import _models_hf as _hf
 
 
 @pytest.fixture
 def planned(monkeypatch):
-    """Counts the blocks run through a plan."""
+    """Counts the blocks run through a plan (one attention call each: the tokens it ran on)."""
     calls = []
-    real = fbert._planned_block
+    real = Plan.attention
 
-    def spy(layer, x, plan):
-        calls.append(x.shape[0])
-        return real(layer, x, plan)
+    def spy(self, q, k, v, window=None):
+        calls.append(q.shape[0])
+        return real(self, q, k, v, window)
 
-    monkeypatch.setattr(fbert, "_planned_block", spy)
+    monkeypatch.setattr(Plan, "attention", spy)
     return calls
 
 
 @pytest.fixture
 def embed_norms(monkeypatch):
-    """Counts the embeddings' LayerNorms run through a plan."""
+    """Counts the embeddings' LayerNorms run through a plan (the only ones with a residual)."""
     calls = []
-    real = Plan.embed_norm
+    real = Plan.layer_norm
 
-    def spy(self, norm, x, residual):
-        calls.append(x.shape[0])
-        return real(self, norm, x, residual)
+    def spy(self, norm, x, residual=None, input_bias=None):
+        if residual is not None:
+            calls.append(x.shape[0])
+        return real(self, norm, x, residual, input_bias)
 
-    monkeypatch.setattr(Plan, "embed_norm", spy)
+    monkeypatch.setattr(Plan, "layer_norm", spy)
     return calls
 
 
@@ -105,7 +106,8 @@ def test_qkv_attention_reads_q_k_v_in_place(monkeypatch, rows, path):
         monkeypatch.setattr(prepack, "use_panels", lambda x, w: False)
         monkeypatch.setattr(prepack, "use_packed", lambda x, w: False)
     hidden, heads = 48, 3
-    lin = Linear(hidden, 3 * hidden)
+    attn = SelfAttention(hidden, heads)
+    lin = attn.Wqkv
     with torch.no_grad():
         lin.weight.copy_(testing.randn(3 * hidden, hidden, scale=hidden ** -0.5))
         lin.bias.copy_(testing.randn(3 * hidden))
@@ -114,7 +116,7 @@ def test_qkv_attention_reads_q_k_v_in_place(monkeypatch, rows, path):
     with torch.no_grad():
         plan = Plan.make(x, cu, heads, fastenc.layers.LayerNorm(hidden))
         assert plan is not None
-        out = plan.qkv_attention(lin, x, heads)
+        out = attn.attend(x, cu, rows, plan=plan)
         q, k, v = F.linear(x, lin.weight, lin.bias).view(rows, 3, heads, hidden // heads).unbind(1)
         ref = ops.attention(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens=cu, backend="reference")
         # the kernel on strided q, k, v gives exactly what it gives on contiguous copies
@@ -288,13 +290,15 @@ def test_few_row_gemm_gelu_epilogue(m, k, n, approximate):
         testing.assert_close(got, ref)
         assert got.data_ptr() == out.data_ptr()
         plan = Plan(extension.load(), torch.tensor([0, m], dtype=torch.int32), m, False)
-        testing.assert_close(plan.linear_gelu(lin, x, approximate), ref)
+        mlp = MLP(k, n, "gelu" if approximate == "none" else "gelu_new")
+        mlp.fc1 = lin
+        testing.assert_close(mlp.hidden(x, plan), ref)
         big = testing.randn(300, k)  # a tall x: the blocked loop, the GELU after the last k block
         big_ref = F.gelu(F.linear(big.double(), lin.weight.double(), lin.bias.double()), approximate=approximate)
-        testing.assert_close(plan.linear_gelu(lin, big, approximate), big_ref)
+        testing.assert_close(mlp.hidden(big, plan), big_ref)
         with pytest.MonkeyPatch.context() as mp:  # the plain GEMM, then the GELU kernel
             mp.setattr(prepack, "use_panels", lambda x, w: False)
-            testing.assert_close(plan.linear_gelu(lin, big, approximate), big_ref)
+            testing.assert_close(mlp.hidden(big, plan), big_ref)
     with pytest.raises(RuntimeError, match="gemm_packed: gelu must be None, 'none' or 'tanh', got 'erf'"):
         extension.load().gemm_packed(x, packed, n, None, None, False, "erf")
 
@@ -314,18 +318,10 @@ def test_position_check_reads_the_mask_only_past_the_table():
 
 @pytest.mark.parametrize("lengths,bias", [([16], False), ([40, 13, 1], False), ([23, 9], True)],
                          ids=["1x16", "mixed", "mixed-bias"])
-def test_modernbert_planned_forward_matches_transformers(monkeypatch, lengths, bias):
+def test_modernbert_planned_forward_matches_transformers(planned, lengths, bias):
     # pre-norm GeGLU blocks with RoPE through the plan: a global layer and a local one whose 8-token window is
     # shorter than the longest row; biases on every linear and norm in one case
-    from fastenc.models import modernbert as fmb
-    calls = []
-    real = fmb.pre_norm_block
-
-    def spy(plan, layer, h, rope, approximate):
-        calls.append(h.shape[0])
-        return real(plan, layer, h, rope, approximate)
-
-    monkeypatch.setattr(fmb, "pre_norm_block", spy)
+    calls = planned
     hf = _hf.modernbert("base", hidden=48, heads=3, layers=2, local_attention=8, attention_bias=bias,
                         mlp_bias=bias, norm_bias=bias)
     fe = fastenc.from_hf(hf)
