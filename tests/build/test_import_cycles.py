@@ -143,7 +143,7 @@ def test_the_graph_sees_the_imports():
     graph = import_graph()
     assert "fastenc.registry" in graph["fastenc.ops.gelu"]
     assert "fastenc.ops.gelu" in graph["fastenc.ops"]
-    assert "fastenc.models.architecture" in graph["fastenc.lora"]  # imported inside a function
+    assert "fastenc.models.architecture" in graph["fastenc.lora_files"]  # imported inside a function
 
 
 def test_a_cycle_is_found_and_named():
