@@ -7,10 +7,10 @@ adapter_model.safetensors format): merged at zero inference cost, or kept unmerg
     model.load_lora(peft_model, merge=False, adapter_name="a")   # unmerged, routed through ops.lora_linear
     model(ids, mask, adapter="a")                         # per call; or model.set_adapter("a") / use_adapter("a")
 
-PEFT module names map onto fastenc's modules through the explicit weight maps of each architecture (fastenc.models.architecture), so a
-query/key/value adapter lands on its third of the fused Wqkv rows. Supported: r, lora_alpha, use_rslora,
-rank_pattern/alpha_pattern, bias="none", modules_to_save Linear copies (e.g. a SEQ_CLS classifier head). Everything is validated before the model is
-touched: a bad adapter raises and leaves the model exactly as it was. The models inherit `LoraMixin`.
+PEFT module names map onto fastenc's modules through the weight maps of the architecture table
+(fastenc.models.architecture), so a query/key/value adapter lands on its third of the fused Wqkv rows. Everything
+is validated before the model is touched: a bad adapter raises and leaves the model exactly as it was. The models
+inherit `LoraMixin`.
 Adapter files and merging: fastenc.lora_files. Trainable adapters (add_lora, save_lora, load_lora(..., merge=False,
 is_trainable=True)): fastenc.lora_train. A trained adapter folds into the weights with merge_lora() (undone by
 unmerge_lora) or merge_and_unload() (PEFT's: for good). This module is the models' face: `LoraMixin`.
@@ -28,7 +28,8 @@ from fastenc.lora_train import (LoraAdapter, LoraLinear, adapters_from_plan, add
                                 merge_trained, save_lora, set_trainable)
 
 __all__ = ["LoraMixin", "LoraAdapter", "LoraLinear", "add_lora", "save_lora", "read_adapter", "check_config",
-           "target_table", "default_targets", "plan", "merged_values", "write_merged", "Piece", "Full", "State", "SCALE_NAME"]
+           "target_table", "default_targets", "plan", "merged_values", "write_merged", "Piece", "Full", "State",
+           "SCALE_NAME"]
 
 
 class LoraMixin:
