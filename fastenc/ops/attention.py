@@ -68,7 +68,8 @@ _backends.implement(OP, "reference", _reference)
 _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
 
 
-_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check, wrap=contiguous_args(3),
+_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
+                    wrap=contiguous_args(3),
                     limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
                         "under TRITON_INTERPRET=1")
 _backends.implement(OP, "cpu", "attention", check=_cpu_check,

@@ -75,7 +75,8 @@ _backends.implement(OP, "reference", _reference)
 _backends.implement(OP, "triton", "fastenc.kernels.layer_norm", "layer_norm_fwd", wrap=_pre_added,
                     limits="CUDA; CPU tensors under TRITON_INTERPRET=1; input_bias added before the kernel")
 _backends.implement(OP, "cpu", "layer_norm", limits="fp32 math; input_bias fused")
-_backends.implement(OP, "cuda", "layer_norm_cuda", wrap=lambda f: _pre_added(_norm_bwd.stats_keyword(f)), limits="input_bias added before the kernel")
+_backends.implement(OP, "cuda", "layer_norm_cuda", wrap=lambda f: _pre_added(_norm_bwd.stats_keyword(f)),
+                    limits="input_bias added before the kernel")
 
 
 # ---- backward: fastenc::layer_norm_bwd, one Impl per backend (fastenc/ops/_norm_bwd.py)

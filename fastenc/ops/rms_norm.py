@@ -55,7 +55,8 @@ def _(x, weight, residual, eps, stats, backend):
 
 
 _backends.implement(OP, "reference", _reference)
-_backends.implement(OP, "triton", "fastenc.kernels.rms_norm", "rms_norm_fwd", wrap=lambda f: _with_stats(_norm_bwd.ones_weight(f)))
+_backends.implement(OP, "triton", "fastenc.kernels.rms_norm", "rms_norm_fwd",
+                    wrap=lambda f: _with_stats(_norm_bwd.ones_weight(f)))
 _backends.implement(OP, "cpu", "rms_norm")
 _backends.implement(OP, "cuda", "rms_norm_cuda",
                     wrap=lambda f: _with_stats(_norm_bwd.ones_weight(_norm_bwd.stats_keyword(f))))
