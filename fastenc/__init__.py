@@ -1,4 +1,12 @@
-"""fastenc: a fast runtime for encoder-only transformers (BERT, ModernBERT, ViT) on its own kernels."""
+"""fastenc: a fast runtime for encoder-only transformers (BERT's family, ModernBERT, ViT/DeiT) on its own kernels.
+
+  from_hf, from_pretrained, accelerate   load or wrap a model (fastenc.models; the architecture table)
+  ops, use_backend                       the ops and the backend choice (fastenc.ops, fastenc.registry)
+  backends / reference / kernels         backend declarations, torch references, Triton kernels; csrc/ (C++)
+  layers, models, lora                   blocks, architectures and heads, PEFT LoRA (lora_files, lora_train)
+  corpus, serve, benchmark               the corpus embedding job, the HTTP server, benchmarks (fastenc bench)
+  cli, run, finetune, testing            the command line and its programs; the tolerance rule and test cases
+"""
 from fastenc import ops
 from fastenc.registry import use_backend
 

@@ -1,8 +1,9 @@
-"""`fastenc info | run | embed | bench | check | build | finetune` — the command line. Bad input ends in a
+"""`fastenc info | build | run | embed | bench | finetune | serve` — the command line. Bad input ends in a
 one-line error on stderr and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
 import sys
 
@@ -80,15 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     pb = sub.add_parser("build", help="build the C++ extension now and report (same as info --build)")
     pb.set_defaults(func=lambda a: (setattr(a, "build", True), cmd_info(a))[1])
     # Subcommands owned by their modules: each module exposes add_parser(subparsers) setting `func`.
-    for module in ("fastenc.run", "fastenc.corpus.cli", "fastenc.benchmark.cli", "fastenc.check",
-                   "fastenc.finetune", "fastenc.serve.cli"):
-        try:
-            mod = __import__(module, fromlist=["add_parser"])
-        except ImportError as e:
-            if e.name is None or not module.startswith(e.name):
-                raise
-            continue
-        mod.add_parser(sub)
+    for module in ("fastenc.run", "fastenc.corpus.cli", "fastenc.benchmark.cli", "fastenc.finetune",
+                   "fastenc.serve.cli"):
+        importlib.import_module(module).add_parser(sub)
     return p
 
 

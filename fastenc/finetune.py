@@ -106,7 +106,7 @@ def finetune(lora: bool = False, out: str | Path = "finetuned", epochs: int = 3,
     model = fastenc.from_hf(hf)
     if lora:
         torch.manual_seed(seed)
-        model.add_lora(r=8, lora_alpha=16, target_modules=["query", "value"], lora_dropout=0.1)
+        model.add_lora(r=8, lora_alpha=16, lora_dropout=0.1)  # the architecture's lora_targets
     lr = lr if lr is not None else 1e-3 if lora else 5e-5
     params = [p for p in model.parameters() if p.requires_grad]
     log(f"model: all-MiniLM-L6-v2 classifier, {'LoRA' if lora else 'full'} fine-tuning, "

@@ -31,6 +31,7 @@ from fastenc import ops
 from fastenc.layers.dropout import dropout
 from fastenc.layers.linear import Linear
 from fastenc.layers.steps import optimizer_steps
+from fastenc.lora_files import Full, Piece, check_finite, merged_values, plan, state_of, target_table, write_merged
 
 _PART_KEYS = ("q", "k", "v")  # the thirds of a fused Wqkv; "w" = the whole output
 # PEFT's task types whose head is saved (modules_to_save) by default, by fastenc task, and the module names each
@@ -204,7 +205,6 @@ def _check_args(r, lora_alpha, target_modules, lora_dropout, adapter_name, modul
 
 def _hf_linears(model) -> list[str]:
     """Every Linear-backed HF module name of `model` as transformers names it (with the head model's prefix)."""
-    from fastenc.lora import target_table
     from fastenc.models import architecture
 
     table = target_table(model)
@@ -226,13 +226,29 @@ def _saved(name: str, saves) -> bool:
     return any(name.endswith(t) or f".{t}." in f".{name}." for t in saves)
 
 
-def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=("query", "value"), lora_dropout: float = 0.0,
+def default_targets(model) -> tuple[str, ...]:
+    """PEFT's usual target modules for `model`: its architecture's `lora_targets` (fastenc.models.architecture); for
+    an architecture that declares none, the query and value projections when its weight map names them so."""
+    from fastenc.models import architecture
+
+    declared = architecture.of_model(model).lora_targets
+    if declared:
+        return tuple(declared)
+    names = {h.rpartition(".")[2] for h in target_table(model)}
+    found = tuple(n for n in ("query", "value") if n in names)
+    if not found:
+        raise ValueError(f"add_lora: {type(model).__name__}'s architecture declares no lora_targets; name "
+                         f"target_modules")
+    return found
+
+
+def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=None, lora_dropout: float = 0.0,
              adapter_name: str = "default", modules_to_save=None, use_rslora: bool = False) -> str:
     """See LoraMixin.add_lora. Validates everything, builds every tensor, then attaches (nothing half-applied)."""
-    from fastenc.lora import _state, plan
-
+    if target_modules is None:
+        target_modules = default_targets(model)
     _check_args(r, lora_alpha, target_modules, lora_dropout, adapter_name, modules_to_save, use_rslora)
-    st = _state(model)
+    st = state_of(model)
     if adapter_name in st.unmerged or adapter_name in st.merged:
         raise ValueError(f"add_lora: adapter_name {adapter_name!r} is already used; loaded adapters: "
                          f"{sorted(st.unmerged) + sorted(st.merged)}")
@@ -285,12 +301,10 @@ def add_lora(model, r: int = 8, lora_alpha: float = 16, target_modules=("query",
 
 
 def _fe_module(model, hf_name: str) -> str:
-    from fastenc.lora import target_table
     return target_table(model)[hf_name][0]
 
 
 def _third(model, hf_name: str):
-    from fastenc.lora import target_table
     return target_table(model)[hf_name][1]
 
 
@@ -317,11 +331,10 @@ def set_trainable(model, st) -> None:
 def merge_trained(model, names: list[str] | None, unload: bool, safe_merge: bool, op: str) -> list[str]:
     """See LoraMixin.merge_lora / merge_and_unload: every merged value is computed (and, with safe_merge, checked
     finite) before a weight is written or an adapter removed. Returns the merged adapter names."""
-    from fastenc.lora import _check_finite, _Full, _Piece, _state, merged_values, write_merged
 
     if not isinstance(safe_merge, bool):
         raise TypeError(f"{op}: safe_merge must be a bool, got {type(safe_merge).__name__}")
-    st = _state(model)
+    st = state_of(model)
     if names is None:
         if st.default is None and (st.unmerged or not unload):
             raise ValueError(f"{op}: no active adapter to merge (unmerged adapters: {sorted(st.unmerged)}); name one"
@@ -339,14 +352,14 @@ def merge_trained(model, names: list[str] | None, unload: bool, safe_merge: bool
         for mod_name in st.unmerged[name]:
             ad = model.get_submodule(mod_name).lora[name]
             if ad.kind == "full":
-                fulls.append(_Full(ad.names["full"], mod_name, ad.weight.detach(),
+                fulls.append(Full(ad.names["full"], mod_name, ad.weight.detach(),
                                    None if ad.bias is None else ad.bias.detach()))
                 continue
-            pieces += [_Piece(peft_name, mod_name, rows, ad.lora_A[key].detach(), ad.lora_B[key].detach(), scale)
+            pieces += [Piece(peft_name, mod_name, rows, ad.lora_A[key].detach(), ad.lora_B[key].detach(), scale)
                        for key, rows, scale, peft_name in ad.parts]
         merged_values(model, pieces, fulls, new)
     if safe_merge:
-        _check_finite(", ".join(names), new, op)
+        check_finite(", ".join(names), new, op)
     write_merged(model, new, st, keep_originals=not unload)
     if unload:
         model.remove_lora()
@@ -376,9 +389,8 @@ def _jsonable(v):
 
 def save_lora(model, folder, adapter_name: str | None = None) -> Path:
     """See LoraMixin.save_lora."""
-    from fastenc.lora import _state
 
-    st = _state(model)
+    st = state_of(model)
     if not st.unmerged:
         raise ValueError(f"save_lora: {type(model).__name__} has no unmerged adapter to save (add_lora(...) or "
                          f"load_lora(folder, merge=False) first)")

@@ -7,6 +7,10 @@ Choice order: explicit `backend=` argument, then `fastenc.use_backend(...)`, the
 environment variable (comma-separated preference list), then each implementation's default priority.
 Nothing here touches a GPU, imports triton or builds an extension at import time.
 
+The backends are declared in fastenc.backends, one module each: BACKENDS (their names, in listing order) and the
+device rules of `runs_on` come from those declarations, and an implementation takes its backend's devices,
+availability and checks (fastenc.ops._backends.implement builds it).
+
 Cost of a dispatch: a decision is remembered per (op, the backend argument, the use_backend choice, the
 FASTENC_BACKEND and TRITON_INTERPRET values, and each input's dtype, device type and shape, or value when it is not
 a tensor): the facts every `check` reads. A repeated call looks the decision up instead of asking every
@@ -30,19 +34,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib.util
 import logging
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from fastenc import backends as _declared
+from fastenc.backends import ANY, FLOAT_DTYPES, serves, visible  # noqa: F401 (ANY, FLOAT_DTYPES: public names)
+from fastenc.backends._env import compiling as _compiling, env as _env, primary_tensor as _primary_tensor
+from fastenc.backends._env import traced_constant as _traced_constant
+from fastenc.backends.triton import interpreter_on, triton_available, triton_check  # noqa: F401 (public names)
+
 log = logging.getLogger("fastenc")
 
-BACKENDS = ("reference", "triton", "cuda", "cpu")
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BACKENDS = _declared.names()
 
 _REGISTRY: dict[str, dict[str, "Impl"]] = {}
 _CONTEXT: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("fastenc_backend", default=None)
@@ -52,40 +59,12 @@ _DECISIONS: dict[str, tuple[tuple, dict[tuple, tuple]]] = {}
 _DECISIONS_MAX = 4096  # forgotten all at once when full (varying token counts make new keys)
 
 
-def _traced_constant(fn: Callable) -> Callable:
-    """Mark `fn` as torch.compiler.assume_constant_result does (the same attribute, set here so that importing
-    fastenc does not import torch._dynamo): dynamo calls it once while tracing and keeps its result as a constant
-    of the graph, with no guard on it. Outside tracing it is an ordinary call."""
-    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
-    return fn
-
-
-def _compiling() -> bool:
-    return torch.compiler.is_compiling()
-
-
-_ENVIRON_DATA = getattr(os.environ, "_data", None)  # os.environ's own store: a lookup without a KeyError
-_ENVIRON_KEYS: dict[str, Any] = {}
-
-
-def _env(name: str) -> str:
-    """os.environ.get(name, ""), without the exception os.environ.get raises and catches for a missing name
-    (~10x cheaper); the same store os.environ writes, so a change at run time is seen at once."""
-    if _ENVIRON_DATA is None:
-        return os.environ.get(name, "")
-    key = _ENVIRON_KEYS.get(name)
-    if key is None:
-        key = _ENVIRON_KEYS[name] = os.environ.encodekey(name)
-    raw = _ENVIRON_DATA.get(key)
-    return "" if raw is None else os.environ.decodevalue(raw)
-
-
 @dataclass(frozen=True)
 class Impl:
     """One implementation of one op.
 
     fn:        the callable doing the work (same signature as the op's custom-op body).
-    devices:   torch device types it can run on ("cpu", "cuda").
+    devices:   torch device types it can run on ("cpu", "cuda"; ANY: every one).
     dtypes:    input dtypes it accepts.
     priority:  higher wins in automatic selection.
     available: () -> reason string or None; may be costly (builds an extension), called only at dispatch.
@@ -123,7 +102,7 @@ class Impl:
         if t is None:
             return True
         dev = t.device.type
-        if dev not in self.devices or t.dtype not in self.dtypes:
+        if not serves(self.devices, dev) or t.dtype not in self.dtypes:
             return False
         return not (auto and self.auto_devices is not None and dev not in self.auto_devices)
 
@@ -132,7 +111,7 @@ class Impl:
         reasons: list[str] = []
         t = _primary_tensor(inputs)
         if t is not None:
-            if t.device.type not in self.devices:
+            if not serves(self.devices, t.device.type):
                 reasons.append(f"device {t.device.type} not in {list(self.devices)}")
             elif auto and self.auto_devices is not None and t.device.type not in self.auto_devices:
                 reasons.append(f"not chosen automatically on {t.device.type} (select it explicitly)")
@@ -149,13 +128,6 @@ class Impl:
 
 def _dt(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def _primary_tensor(inputs: Mapping[str, Any]) -> torch.Tensor | None:
-    for v in inputs.values():
-        if isinstance(v, torch.Tensor):
-            return v
-    return None
 
 
 _RANKED: dict[str, tuple[tuple["Impl", ...], list["Impl"]]] = {}
@@ -418,50 +390,24 @@ def _warn(warning: tuple, stacklevel: int) -> None:
 _warn_traced = _traced_constant(lambda warning: None if warning[0] in _WARNED else _warn(warning, 2))
 
 
-# ---- availability probes (called at dispatch time, never at import) ----
-
-def triton_available() -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
-    return None
-
-
-def interpreter_on() -> bool:
-    if _compiling():
-        return _interpreter_traced()
-    return _env("TRITON_INTERPRET") not in ("", "0")
-
-
-_interpreter_traced = _traced_constant(lambda: _env("TRITON_INTERPRET") not in ("", "0"))
-
-
-_NEEDS_INTERPRETER = "CPU tensors need TRITON_INTERPRET=1 (set before triton is imported)"
-
-
-def triton_check(inputs: Mapping[str, Any]) -> list[str]:
-    """Shared check for Triton implementations: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1."""
-    t = _primary_tensor(inputs)
-    if t is not None and t.device.type == "cpu" and not interpreter_on():
-        return [_NEEDS_INTERPRETER]
-    return []
-
-
 def runs_on(impl: Impl, device: str | torch.device, *, for_speed: bool = False) -> str | None:
     """Why `impl` cannot run on `device` in this process (None: it can). The one statement of the device rules
     that tests, benchmarks and the GPU check ask instead of restating them:
       - the implementation's declared devices;
-      - a CUDA device only when torch sees one;
-      - Triton on CPU tensors only under the interpreter (TRITON_INTERPRET=1);
+      - a device other than the CPU only when torch sees one (a CUDA device: torch.cuda.is_available());
+      - its backend's device rule (Triton on CPU tensors only under the interpreter, TRITON_INTERPRET=1);
       - for_speed: only devices automatic selection picks it on (`auto_devices`): Triton under the CPU
         interpreter is a test path, never a speed path, so benchmarks do not time it.
     """
     dev = torch.device(device).type
-    if dev not in impl.devices:
+    if not serves(impl.devices, dev):
         return f"runs on {list(impl.devices)}, not {dev}"
-    if dev == "cuda" and not torch.cuda.is_available():
-        return "no CUDA device visible to torch"
-    if impl.backend == "triton" and dev == "cpu" and not interpreter_on():
-        return _NEEDS_INTERPRETER
+    if not visible(dev):
+        return f"no {dev.upper()} device visible to torch"
+    rule = _declared.get(impl.backend).device_rule
+    why = rule(dev) if rule is not None else None
+    if why:
+        return why
     if for_speed and impl.auto_devices is not None and dev not in impl.auto_devices:
         return (f"not chosen automatically on {dev}: a test path (CPU tensors run under the Triton interpreter), "
                 f"not a speed path")

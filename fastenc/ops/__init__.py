@@ -1,4 +1,9 @@
-"""Public ops. Each is a torch.library custom op (`fastenc::<name>`) dispatching to a registered backend."""
+"""Public ops. Each is a torch.library custom op (`fastenc::<name>`) dispatching through fastenc.registry to a
+backend's implementation; one module per op declares its custom ops, autograd, inputs' checks and, through
+_backends.implement, each backend's function:
+  layer_norm, rms_norm (backward: _norm_bwd), gelu, geglu, rope, attention (backward: _attention_bwd),
+  attention_qkv, merge_lora, lora_linear, dropout; shared: _common (input checks), _library, _padding.
+"""
 from fastenc.ops.layer_norm import layer_norm
 from fastenc.ops.rms_norm import rms_norm
 from fastenc.ops.gelu import gelu

@@ -105,18 +105,18 @@ def _cuda_check(inputs) -> list[str]:
     return ([f"the Triton kernel that serves it is unavailable: {why}"] if why else []) + _triton_check(inputs)
 
 
-_backends.reference(OP_BWD, _reference)
-_backends.triton(OP_BWD, "fastenc.kernels.attention_bwd", "attention_bwd", check=_triton_check,
-                 wrap=contiguous_args(5), limits="head_dim multiple of 8 <= 256; contiguous inputs (copied if not); "
+_backends.implement(OP_BWD, "reference", _reference)
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.attention_bwd", "attention_bwd", check=_triton_check,
+                    wrap=contiguous_args(5), limits="head_dim multiple of 8 <= 256; contiguous inputs (copied if not); "
                                                  "CUDA, CPU tensors under TRITON_INTERPRET=1")
 # The cpu kernel reads fp32 q, k, v row-strided in place and, given grad_qkv, writes dq, dk, dv into its column
 # blocks (fastenc/ops/attention_qkv.py asks WRITES_GRAD_QKV).
-CPU_BWD = _backends.cpu(OP_BWD, "attention_bwd", check=_cpu_check,
-                        limits="head_dim <= 256, fp32 math, tiled (no seq x seq); strided q, k, v and gradients")
+CPU_BWD = _backends.implement(OP_BWD, "cpu", "attention_bwd", check=_cpu_check,
+                              limits="head_dim <= 256, fp32 math, tiled (no seq x seq); strided q, k, v and gradients")
 WRITES_GRAD_QKV = (CPU_BWD,)
-_backends.cuda(OP_BWD, "attention_bwd", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-               wrap=lambda _ext: contiguous_args(5)(_backends._lazy("fastenc.kernels.attention_bwd", "attention_bwd")),
-               limits="served by the Triton kernel (fastenc/kernels/attention_bwd.py); fp16/bf16, head_dim "
+_backends.implement(OP_BWD, "cuda", "attention_bwd", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
+                    wrap=lambda _ext: contiguous_args(5)(_backends.lazy("fastenc.kernels.attention_bwd", "attention_bwd")),
+                    limits="served by the Triton kernel (fastenc/kernels/attention_bwd.py); fp16/bf16, head_dim "
                       "multiple of 8 <= 256")
 
 

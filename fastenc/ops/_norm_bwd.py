@@ -80,11 +80,11 @@ def _triton_check(inputs) -> list[str]:
 
 
 def register_backends(op_bwd: str) -> None:
-    _backends.reference(op_bwd, _reference_bwd)
-    _backends.triton(op_bwd, "fastenc.kernels.norm_bwd", "norm_bwd", check=_triton_check,
-                     limits=f"hidden <= {TRITON_MAX_HIDDEN}")
-    _backends.cpu(op_bwd, "norm_bwd", limits="fp32 math; per-thread dweight/dbias partials")
-    _backends.cuda(op_bwd, "norm_bwd_cuda", limits="fp32 math; per-block dweight/dbias partials")
+    _backends.implement(op_bwd, "reference", _reference_bwd)
+    _backends.implement(op_bwd, "triton", "fastenc.kernels.norm_bwd", "norm_bwd", check=_triton_check,
+                        limits=f"hidden <= {TRITON_MAX_HIDDEN}")
+    _backends.implement(op_bwd, "cpu", "norm_bwd", limits="fp32 math; per-thread dweight/dbias partials")
+    _backends.implement(op_bwd, "cuda", "norm_bwd_cuda", limits="fp32 math; per-block dweight/dbias partials")
 
 
 def ones_weight(fn):

@@ -64,15 +64,16 @@ def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-_backends.reference(OP, _reference)
+_backends.implement(OP, "reference", _reference)
 _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
 
 
-_backends.triton(OP, "fastenc.kernels.attention", "attention_fwd", check=_triton_check, wrap=contiguous_args(3),
-                 limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
+_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
+                    wrap=contiguous_args(3),
+                    limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
                         "under TRITON_INTERPRET=1")
-_backends.cpu(OP, "attention", check=_cpu_check,
-              limits="head_dim <= 256, fp32 math; fp32 q, k, v read in place with one row stride")
+_backends.implement(OP, "cpu", "attention", check=_cpu_check,
+                    limits="head_dim <= 256, fp32 math; fp32 q, k, v read in place with one row stride")
 
 
 def _cuda_check(inputs) -> list[str]:
@@ -81,8 +82,8 @@ def _cuda_check(inputs) -> list[str]:
     return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else [])
 
 
-_backends.cuda(OP, "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-               wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; contiguous q, k, v (copied if not); "
+_backends.implement(OP, "cuda", "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
+                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; contiguous q, k, v (copied if not); "
                                                "FlashAttention-2 on tensor cores (sm_80+)")
 
 

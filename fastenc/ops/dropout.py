@@ -48,12 +48,12 @@ def _reference(x, bias, dropout_p, seed, offset):
 
 
 _FP32 = (torch.float32,)
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.dropout", "dropout_fwd")
-_backends.cpu(OP, "dropout", dtypes=_FP32, limits="fp32")
-_backends.reference(OP_BWD, dropout_bwd_ref)
-_backends.triton(OP_BWD, "fastenc.kernels.dropout", "dropout_bwd")
-_backends.cpu(OP_BWD, "dropout_bwd", dtypes=_FP32, limits="fp32")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.dropout", "dropout_fwd")
+_backends.implement(OP, "cpu", "dropout", dtypes=_FP32, limits="fp32")
+_backends.implement(OP_BWD, "reference", dropout_bwd_ref)
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.dropout", "dropout_bwd")
+_backends.implement(OP_BWD, "cpu", "dropout_bwd", dtypes=_FP32, limits="fp32")
 
 
 def _setup_context(ctx, inputs, output):

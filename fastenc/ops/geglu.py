@@ -53,15 +53,15 @@ def _(x, approximate, backend, out):
     return None
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.geglu", "geglu_fwd")
-_backends.cpu(OP, "geglu")
-_backends.cuda(OP, "geglu_cuda")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.geglu", "geglu_fwd")
+_backends.implement(OP, "cpu", "geglu")
+_backends.implement(OP, "cuda", "geglu_cuda")
 
-_backends.reference(OP_OUT, _reference_out)
-_backends.triton(OP_OUT, "fastenc.kernels.geglu", "geglu_out")
-_backends.cpu(OP_OUT, "geglu_out")
-_backends.cuda(OP_OUT, "geglu_cuda", wrap=_copy_into)
+_backends.implement(OP_OUT, "reference", _reference_out)
+_backends.implement(OP_OUT, "triton", "fastenc.kernels.geglu", "geglu_out")
+_backends.implement(OP_OUT, "cpu", "geglu_out")
+_backends.implement(OP_OUT, "cuda", "geglu_cuda", wrap=_copy_into)
 
 
 # ---- backward: d input = grad * gate * gelu'(input), d gate = grad * gelu(input); recomputed from x (saved alone)
@@ -85,10 +85,10 @@ def _(grad, x, approximate, backend):
     return torch.empty_like(x)
 
 
-_backends.reference(OP_BWD, _reference_bwd)
-_backends.triton(OP_BWD, "fastenc.kernels.geglu", "geglu_bwd")
-_backends.cpu(OP_BWD, "geglu_bwd")
-_backends.cuda(OP_BWD, "geglu_bwd_cuda")
+_backends.implement(OP_BWD, "reference", _reference_bwd)
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.geglu", "geglu_bwd")
+_backends.implement(OP_BWD, "cpu", "geglu_bwd")
+_backends.implement(OP_BWD, "cuda", "geglu_bwd_cuda")
 
 
 def _setup_context(ctx, inputs, output):

@@ -54,15 +54,15 @@ def _(x, bias, approximate, backend, out):
     return None
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.gelu", "gelu_fwd")
-_backends.cpu(OP, "gelu")
-_backends.cuda(OP, "gelu_cuda")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.gelu", "gelu_fwd")
+_backends.implement(OP, "cpu", "gelu")
+_backends.implement(OP, "cuda", "gelu_cuda")
 
-_backends.reference(OP_OUT, _reference_out)
-_backends.triton(OP_OUT, "fastenc.kernels.gelu", "gelu_out")
-_backends.cpu(OP_OUT, "gelu_out")
-_backends.cuda(OP_OUT, "gelu_cuda", wrap=_copy_into)
+_backends.implement(OP_OUT, "reference", _reference_out)
+_backends.implement(OP_OUT, "triton", "fastenc.kernels.gelu", "gelu_out")
+_backends.implement(OP_OUT, "cpu", "gelu_out")
+_backends.implement(OP_OUT, "cuda", "gelu_cuda", wrap=_copy_into)
 
 
 # ---- backward: dx = grad * gelu'(x + bias), dbias = sum over rows of dx; recomputed from x (nothing saved but x).
@@ -92,10 +92,10 @@ def _(grad, x, bias, approximate, need_dx, need_dbias, backend):
             x.new_empty(x.shape[-1]) if bias is not None and need_dbias else x.new_empty(0))
 
 
-_backends.reference(OP_BWD, _reference_bwd)
-_backends.triton(OP_BWD, "fastenc.kernels.gelu", "gelu_bwd")
-_backends.cpu(OP_BWD, "gelu_bwd")
-_backends.cuda(OP_BWD, "gelu_bwd_cuda")
+_backends.implement(OP_BWD, "reference", _reference_bwd)
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.gelu", "gelu_bwd")
+_backends.implement(OP_BWD, "cpu", "gelu_bwd")
+_backends.implement(OP_BWD, "cuda", "gelu_bwd_cuda")
 
 
 def _setup_context(ctx, inputs, output):

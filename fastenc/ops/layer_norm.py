@@ -71,11 +71,12 @@ def _(x, weight, bias, residual, input_bias, eps, store_residual, stats, backend
     return torch.empty_like(x), (torch.empty_like(x) if keep else x.new_empty(0)), stat(), stat()
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.layer_norm", "layer_norm_fwd", wrap=_pre_added,
-                 limits="CUDA; CPU tensors under TRITON_INTERPRET=1; input_bias added before the kernel")
-_backends.cpu(OP, "layer_norm", limits="fp32 math; input_bias fused")
-_backends.cuda(OP, "layer_norm_cuda", wrap=lambda f: _pre_added(_norm_bwd.stats_keyword(f)), limits="input_bias added before the kernel")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.layer_norm", "layer_norm_fwd", wrap=_pre_added,
+                    limits="CUDA; CPU tensors under TRITON_INTERPRET=1; input_bias added before the kernel")
+_backends.implement(OP, "cpu", "layer_norm", limits="fp32 math; input_bias fused")
+_backends.implement(OP, "cuda", "layer_norm_cuda", wrap=lambda f: _pre_added(_norm_bwd.stats_keyword(f)),
+                    limits="input_bias added before the kernel")
 
 
 # ---- backward: fastenc::layer_norm_bwd, one Impl per backend (fastenc/ops/_norm_bwd.py)

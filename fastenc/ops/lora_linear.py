@@ -56,10 +56,10 @@ def _triton_check(inputs) -> list[str]:
     return [] if r <= limit else [f"rank {r} > {limit} for {str(dt).replace('torch.', '')}"]
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.lora_linear", "lora_linear_fwd", check=_triton_check,
-                 limits="rank <= 128 (fp32: 64)")
-_backends.cpu(OP, "lora_linear", limits="fp32 math, torch CPU GEMMs")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.lora_linear", "lora_linear_fwd", check=_triton_check,
+                    limits="rank <= 128 (fp32: 64)")
+_backends.implement(OP, "cpu", "lora_linear", limits="fp32 math, torch CPU GEMMs")
 
 
 # ---- backward
@@ -113,8 +113,8 @@ def _(dy, x, weight, lora_a, lora_b, scale, need_x, need_weight, need_bias, need
             maybe(need_b, lora_b.shape, lora_b))
 
 
-_backends.reference(OP_BWD, _reference_bwd)
-_backends.triton(OP_BWD, "fastenc.ops.lora_linear", "gemm_bwd", limits="torch GEMMs (cuBLAS on a GPU)")
+_backends.implement(OP_BWD, "reference", _reference_bwd)
+_backends.implement(OP_BWD, "triton", "fastenc.ops.lora_linear", "gemm_bwd", limits="torch GEMMs (cuBLAS on a GPU)")
 registry.register(registry.Impl(op=OP_BWD, backend="cpu", fn=_cpu_bwd, devices=("cpu",), priority=20,
                                 available=extension.cpu_available, probe=extension.status,
                                 limits="fp32 math, torch CPU GEMMs"))

@@ -38,8 +38,8 @@ def _(weight, lora_a, lora_b, scale, backend):
     return torch.empty_like(weight)
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.merge_lora", "merge_lora_fwd")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.merge_lora", "merge_lora_fwd")
 
 
 def _no_backward(ctx, grad):
@@ -48,8 +48,8 @@ def _no_backward(ctx, grad):
 
 
 _merge_lora_op.register_autograd(_no_backward, lambda ctx, inputs, output: None)
-_backends.cpu(OP, "merge_lora")
-_backends.cuda(OP, "merge_lora_cuda")
+_backends.implement(OP, "cpu", "merge_lora")
+_backends.implement(OP, "cuda", "merge_lora_cuda")
 
 
 def check_scale(op: str, scale: Any) -> float:

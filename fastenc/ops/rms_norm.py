@@ -54,11 +54,12 @@ def _(x, weight, residual, eps, stats, backend):
             x.new_empty(x.shape[0] if stats else 0, dtype=torch.float32))
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.rms_norm", "rms_norm_fwd", wrap=lambda f: _with_stats(_norm_bwd.ones_weight(f)))
-_backends.cpu(OP, "rms_norm")
-_backends.cuda(OP, "rms_norm_cuda",
-               wrap=lambda f: _with_stats(_norm_bwd.ones_weight(_norm_bwd.stats_keyword(f))))
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.rms_norm", "rms_norm_fwd",
+                    wrap=lambda f: _with_stats(_norm_bwd.ones_weight(f)))
+_backends.implement(OP, "cpu", "rms_norm")
+_backends.implement(OP, "cuda", "rms_norm_cuda",
+                    wrap=lambda f: _with_stats(_norm_bwd.ones_weight(_norm_bwd.stats_keyword(f))))
 
 
 # ---- backward

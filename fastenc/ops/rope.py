@@ -30,13 +30,13 @@ def _(q, k, cos, sin, positions, backend):
     return torch.empty_like(q), torch.empty_like(k)
 
 
-_backends.reference(OP, _reference)
-_backends.triton(OP, "fastenc.kernels.rope", "rope_fwd")
-_backends.cpu(OP, "rope")
+_backends.implement(OP, "reference", _reference)
+_backends.implement(OP, "triton", "fastenc.kernels.rope", "rope_fwd")
+_backends.implement(OP, "cpu", "rope")
 # Backends whose kernels read q, k (and the output gradients) with any token stride, each token's (heads, dim)
 # block contiguous (csrc/cpu/rope.cpp); the others get contiguous copies.
 _TOKEN_STRIDED = ("cpu",)
-_backends.cuda(OP, "rope_cuda")
+_backends.implement(OP, "cuda", "rope_cuda")
 
 
 # ---- backward: the rotation is orthogonal, so d q = R(-angle) d q_rot (sin -> -sin), dims past R pass through;
@@ -65,10 +65,10 @@ def _(grad_q, grad_k, cos, sin, positions, backend):
     return torch.empty_like(grad_q), torch.empty_like(grad_k)
 
 
-_backends.reference(OP_BWD, _reference_bwd)
-_backends.triton(OP_BWD, "fastenc.kernels.rope", "rope_bwd")
-_backends.cpu(OP_BWD, "rope_bwd")
-_backends.cuda(OP_BWD, "rope_bwd_cuda")
+_backends.implement(OP_BWD, "reference", _reference_bwd)
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.rope", "rope_bwd")
+_backends.implement(OP_BWD, "cpu", "rope_bwd")
+_backends.implement(OP_BWD, "cuda", "rope_bwd_cuda")
 
 
 def _setup_context(ctx, inputs, output):

@@ -1,4 +1,7 @@
-"""Pure-PyTorch references (fp32 math): the test oracle, the benchmark baseline, the last-resort fallback."""
+"""Pure-PyTorch references (fp32 math): the test oracle, the benchmark baseline, the reference backend's
+functions (any device). One module per op, forward and backward: layer_norm (norm_bwd), rms_norm, gelu, geglu, rope,
+attention (varlen), attention_bwd, attention_dropout, merge_lora, lora_linear, dropout.
+"""
 from fastenc.reference.layer_norm import layer_norm_ref, norm_bwd_ref, norm_stats_ref
 from fastenc.reference.rms_norm import rms_norm_ref
 from fastenc.reference.gelu import gelu_bwd_ref, gelu_ref

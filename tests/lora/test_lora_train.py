@@ -220,3 +220,18 @@ def test_save_without_adapter_and_training_through_merged(tmp_path):
     fe.eval()
     with torch.no_grad():
         close(fe(ids, mask), other.eval()(ids, mask), mask)
+
+
+@pytest.mark.parametrize("arch", list(TARGETS))
+def test_default_targets_are_the_architecture_tables(arch):
+    """add_lora() without target_modules takes the architecture's lora_targets (fastenc.models.architecture)."""
+    from fastenc.lora import default_targets
+    from fastenc.models import architecture
+
+    fe = fastenc.from_hf(_hf_model(arch, "base"))
+    declared = architecture.of_model(fe).lora_targets
+    assert declared and default_targets(fe) == tuple(declared)
+    fe.add_lora(r=4, lora_alpha=8)
+    peft_names = {part[3] for m in fe.modules() if isinstance(m, LoraLinear)
+                  for ad in m.lora.values() for part in ad.parts}
+    assert peft_names and all(n.rpartition(".")[2] in declared for n in peft_names), sorted(peft_names)
