@@ -175,6 +175,14 @@ def load_for_resume(path: Path, params: dict[str, Any], inputs: list[dict[str, A
     return old
 
 
+def shard_schema(hidden: int, id_type: str):
+    """The schema of every parquet shard: id (string or int64, one type per output) and embedding."""
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string() if id_type == "string" else pa.int64()),
+                      ("embedding", pa.list_(pa.float32(), hidden))])
+
+
 def _expected_ids(records: list[Record], keep: np.ndarray, id_type: str) -> list:
     return [str(r.id) if id_type == "string" else r.id for r, k in zip(records, keep) if k]
 
@@ -209,7 +217,6 @@ def verify_shard(wd: Path, entry: dict[str, Any], fmt: str, hidden: int, id_type
         table = parquet().read_table(pa.BufferReader(data))
     except Exception as e:  # noqa: BLE001 (numpy and pyarrow raise several types for a bad file)
         return f"unreadable ({e})"
-    from fastenc.corpus.writers import shard_schema
 
     if not table.schema.equals(shard_schema(hidden, id_type)):
         return f"its schema is {table.schema}, expected {shard_schema(hidden, id_type)}"

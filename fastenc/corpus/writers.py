@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fastenc.corpus.manifest import MANIFEST, load_for_resume, new_manifest
+from fastenc.corpus.manifest import MANIFEST, load_for_resume, new_manifest, shard_schema
 
 OUT_FORMATS = (".parquet", ".npy")
 
@@ -147,14 +147,6 @@ def discard(wd: Path) -> None:
 
 def save_manifest(wd: Path, manifest: dict[str, Any]) -> None:
     _write_bytes(wd / MANIFEST, json.dumps(manifest, indent=1).encode(), "the manifest")
-
-
-def shard_schema(hidden: int, id_type: str):
-    """The schema of every parquet shard: id (string or int64, one type per output) and embedding."""
-    import pyarrow as pa
-
-    return pa.schema([("id", pa.string() if id_type == "string" else pa.int64()),
-                      ("embedding", pa.list_(pa.float32(), hidden))])
 
 
 def _parquet_bytes(ids: list, emb: np.ndarray, hidden: int, id_type: str) -> bytes:

@@ -8,7 +8,7 @@ Text models: model(input_ids, attention_mask=None, token_type_ids=None) -> last 
 (task models return logits); model.encode(texts | ids) -> pooled sentence embeddings. ViT: model(pixel_values).
 fastenc.accelerate(hf_model) wraps a transformers model with the same call signature and output type.
 Training: the parameters require grad, model.train() turns on transformers' dropouts, the heads take labels= and
-return transformers' output type with the loss (fastenc.models.heads), model.save_pretrained(folder) writes the
+return transformers' output type with the loss (fastenc.models.losses), model.save_pretrained(folder) writes the
 transformers layout (fastenc.models.saving).
 """
 from fastenc.models.config import BertConfig, ModernBertConfig, ViTConfig

@@ -9,7 +9,7 @@ Usage: model = BertModel(BertConfig(...)) or fastenc.from_hf(hf_bert) / fastenc.
   padding or not; fastenc.accelerate follows transformers instead (column 0, padding or not).
 Training: parameters require grad; model.train() turns on transformers' dropouts (embeddings, attention
   probabilities, attention and MLP outputs: hidden_dropout_prob / attention_probs_dropout_prob; the classifier's
-  classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.heads).
+  classifier_dropout); heads take labels= and return transformers' output with the loss (fastenc.models.losses).
   Without autograd recording (torch.no_grad / inference_mode) and without dropout, the residual adds run in
   place inside the GEMMs; otherwise every step makes new tensors. Sequence classification with labels or under
   autograd runs the last layer's queries, Wo, norms and MLP on each sequence's first token only (run_first_rows;
@@ -19,7 +19,7 @@ embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
 masked-LM decoder weight is embeddings.word.weight itself).
 Heads: sequence / token classification, question answering (start, end logits), masked LM (logits only where asked
-for: fastenc.models.heads.masked_lm).
+for: fastenc.models.losses.masked_lm).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from fastenc.layers.dropout import dropout
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
-from fastenc.models import heads
+from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
@@ -273,7 +273,7 @@ def _classifier_dropout(cfg: BertConfig) -> float:
 
 class BertForSequenceClassification(BertModel):
     """logits = classifier(drop(pooler(first real token))): (batch, num_labels).
-    labels= (batch,) int / float (see fastenc.models.heads) -> transformers' SequenceClassifierOutput(loss, logits)."""
+    labels= (batch,) int / float (see fastenc.models.losses) -> transformers' SequenceClassifierOutput(loss, logits)."""
     task = "sequence_classification"
 
     def __init__(self, config: BertConfig):
@@ -288,7 +288,7 @@ class BertForSequenceClassification(BertModel):
         return self.classifier(F.dropout(pooled, p, training=True) if p > 0 else pooled)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        return heads.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
+        return losses.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
 
 
 class BertForTokenClassification(BertModel):
@@ -304,7 +304,7 @@ class BertForTokenClassification(BertModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if labels is not None:
-            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids),
+            losses.check_token_labels(type(self).__name__, self.config, labels, losses.grid(input_ids),
                                     attention_mask)
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         p = _classifier_dropout(self.config) if self.training else 0.0
@@ -312,8 +312,8 @@ class BertForTokenClassification(BertModel):
         logits = batch.pad(packed)
         if labels is None:
             return logits
-        loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
-        return heads.output(self.task, loss, logits)
+        loss = losses.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
+        return losses.output(self.task, loss, logits)
 
 
 
@@ -331,18 +331,18 @@ class BertMLMHead(nn.Module):
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, vocab)."""
         y = self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
-        return heads.decode(self, y, decoder_weight, self.bias)
+        return losses.decode(self, y, decoder_weight, self.bias)
 
 
 class BertForMaskedLM(BertModel):
-    """Masked-LM logits = mlm(hidden) with the decoder tied to embeddings.word (fastenc.models.heads.masked_lm):
+    """Masked-LM logits = mlm(hidden) with the decoder tied to embeddings.word (fastenc.models.losses.masked_lm):
     forward(ids, mask, types) -> (batch, seq, vocab), zeros at padding; positions= (bool (batch, seq) or int (n, 2))
     -> (n, vocab) there only; labels= int (batch, seq), -100 ignored -> MaskedLMOutput(loss, logits (n_labelled,
     vocab)), logits computed at the labelled tokens only. hf_forward gives transformers' shapes (accelerate)."""
     task = "masked_lm"
 
     def __init__(self, config: BertConfig):
-        heads.check_tied(type(self).__name__, config)
+        losses.check_tied(type(self).__name__, config)
         config = dataclasses.replace(config, add_pooling_layer=False)
         super().__init__(config)
         self.mlm = BertMLMHead(config)
@@ -354,18 +354,18 @@ class BertForMaskedLM(BertModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
         name = type(self).__name__
         if labels is not None:
-            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+            losses.check_mlm_labels(name, self.config.vocab_size, labels, losses.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        return heads.masked_lm(name, self.predict, x, batch, labels, positions)
+        return losses.masked_lm(name, self.predict, x, batch, labels, positions)
 
     def hf_forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, num_items_in_batch=None):
         """transformers' BertForMaskedLM fields: logits (batch, seq, vocab) at every real token (with labels too),
         loss = mean cross-entropy over the labelled tokens (num_items_in_batch is not used, as there)."""
         name = type(self).__name__
         if labels is not None:
-            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+            losses.check_mlm_labels(name, self.config.vocab_size, labels, losses.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        out = heads.masked_lm(name, self.predict, x, batch, labels, dense=True)
+        out = losses.masked_lm(name, self.predict, x, batch, labels, dense=True)
         return {"logits": out} if labels is None else {"loss": out.loss, "logits": out.logits}
 
 
@@ -377,7 +377,7 @@ class BertForQuestionAnswering(BertModel):
     task = "question_answering"
 
     def __init__(self, config: BertConfig):
-        heads.check_qa_labels_count(type(self).__name__, config)
+        losses.check_qa_labels_count(type(self).__name__, config)
         config = dataclasses.replace(config, add_pooling_layer=False)
         super().__init__(config)
         self.qa_outputs = Linear(config.hidden_size, config.num_labels)
@@ -391,7 +391,7 @@ def question_answering(model: BertModel, input_ids, attention_mask, token_type_i
     """The question-answering forward of a BERT-family model with a `qa_outputs` Linear(hidden, 2): (start, end)
     logits (batch, seq), zeros at padding, or with start/end positions transformers' output with its loss, whose
     softmax runs over the padded columns too (their logits computed as transformers does: `_run(padded=True)`)."""
-    return heads.answer_spans(model, input_ids, start_positions, end_positions,
+    return losses.answer_spans(model, input_ids, start_positions, end_positions,
                               lambda padded: model._run(input_ids, attention_mask, token_type_ids, padded=padded),
                               model.qa_outputs)
 

@@ -12,7 +12,7 @@ Usage: model(input_ids, attention_mask=None) -> last hidden state (batch, seq, d
 Training: parameters require grad; model.train() turns on transformers' dropouts (dropout after the embedding norm
   and after lin2; attention_dropout on the attention probabilities; the out_lin output has none), seq_classif_dropout
   / dropout / qa_dropout before the classifiers; heads take labels= (start_positions= / end_positions=) and return
-  transformers' output with the loss (fastenc.models.heads).
+  transformers' output with the loss (fastenc.models.losses).
 Parameter names (fastenc side of `weight_map`): embeddings.{word,position}.weight, embeddings.norm.*,
 layers.i.{attn.Wqkv,attn.Wo,attn_norm,mlp.fc1,mlp.fc2,mlp_norm}.*, pre_classifier.*, classifier.*, qa_outputs.*,
 vocab_transform.*, vocab_layer_norm.*, vocab_projector.* (its weight is embeddings.word.weight).
@@ -30,7 +30,7 @@ from fastenc.layers import LayerNorm, Linear, activation
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.mlp import check_activation
 from fastenc.lora import LoraMixin
-from fastenc.models import heads
+from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.bert import BertLayer, run_blocks, run_first_rows
@@ -175,7 +175,7 @@ class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
 
 class DistilBertForSequenceClassification(DistilBertModel):
     """logits = classifier(drop(relu(pre_classifier(first real token)))): (batch, num_labels).
-    labels= (batch,) int / float (see fastenc.models.heads) -> transformers' SequenceClassifierOutput(loss, logits)."""
+    labels= (batch,) int / float (see fastenc.models.losses) -> transformers' SequenceClassifierOutput(loss, logits)."""
     task = "sequence_classification"
 
     def __init__(self, config: DistilBertConfig):
@@ -189,7 +189,7 @@ class DistilBertForSequenceClassification(DistilBertModel):
         return self.classifier(_drop(self, pooled, self.config.seq_classif_dropout))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        return heads.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
+        return losses.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
 
 
 class DistilBertForTokenClassification(DistilBertModel):
@@ -203,21 +203,21 @@ class DistilBertForTokenClassification(DistilBertModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if labels is not None:
-            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids),
+            losses.check_token_labels(type(self).__name__, self.config, labels, losses.grid(input_ids),
                                     attention_mask)
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         packed = self.classifier(_drop(self, x, self.config.dropout))
         logits = batch.pad(packed)
         if labels is None:
             return logits
-        loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
-        return heads.output(self.task, loss, logits)
+        loss = losses.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
+        return losses.output(self.task, loss, logits)
 
 
 class DistilBertForQuestionAnswering(DistilBertModel):
     """(start_logits, end_logits) = qa_outputs(drop(hidden)) split in two: each (batch, seq), zeros at padded
     positions. start_positions= / end_positions= int (batch,) -> QuestionAnsweringModelOutput(loss, start, end),
-    loss = (CE(start) + CE(end)) / 2 over the (batch, seq) logits (fastenc.models.heads.qa_loss), the padded
+    loss = (CE(start) + CE(end)) / 2 over the (batch, seq) logits (fastenc.models.losses.qa_loss), the padded
     columns' logits computed as transformers does (their softmax includes them)."""
     task = "question_answering"
 
@@ -230,7 +230,7 @@ class DistilBertForQuestionAnswering(DistilBertModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None):
-        return heads.answer_spans(self, input_ids, start_positions, end_positions,
+        return losses.answer_spans(self, input_ids, start_positions, end_positions,
                                   lambda padded: self._run(input_ids, attention_mask, token_type_ids, padded=padded),
                                   lambda x: self.qa_outputs(_drop(self, x, self.config.qa_dropout)))
 
@@ -273,19 +273,19 @@ class DistilBertForMaskedLM(DistilBertModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
         name = type(self).__name__
         if labels is not None:
-            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+            losses.check_mlm_labels(name, self.config.vocab_size, labels, losses.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         if positions is None and labels is None:
             return batch.pad(self.predict(x))
         target = None if labels is None else batch.gather(labels.to(x.device).reshape(batch.batch, batch.seq))
         if positions is not None:
-            rows = heads.packed_rows(name, batch, positions)
+            rows = losses.packed_rows(name, batch, positions)
         else:
-            rows = (target != heads.IGNORE).nonzero().flatten()
+            rows = (target != losses.IGNORE).nonzero().flatten()
         logits = self.predict(x.index_select(0, rows))
         if labels is None:
             return logits
-        return heads.output(self.task, heads.cross_entropy(logits, target.index_select(0, rows)), logits)
+        return losses.output(self.task, losses.cross_entropy(logits, target.index_select(0, rows)), logits)
 
 
 def weight_map(cfg: DistilBertConfig, task: str, prefix: str = "") -> list[Entry]:

@@ -11,7 +11,7 @@ Heads:
                            (exact GELU whatever hidden_act is, as transformers' head) -> (batch, num_labels)
   token classification     classifier(drop(hidden)) -> (batch, seq, num_labels), zeros at padding
   question answering       qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq), zeros at padding
-Training and labels as BERT's heads (fastenc.models.heads). The question-answering loss reads the zero logits at
+Training and labels as BERT's heads (fastenc.models.losses). The question-answering loss reads the zero logits at
 padded positions as transformers reads its own (nonzero) logits there: with padding it differs from
 transformers' loss by that; without padding it is the same.
 Parameter names (fastenc side of `weight_map`): BERT's embeddings.* (at embedding_size), embeddings.project.*

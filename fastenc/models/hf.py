@@ -8,7 +8,7 @@ them). A call that records gradients runs the fastenc model on those very tensor
 concatenation of query, key and value, made per call, so gradients reach transformers' parameters); a call
 without gradients runs on the fastenc model's own tensors, shared with transformers', the fused QKV weights
 refreshed whenever transformers' changed (an optimizer step, load_state_dict). model.train() turns on the
-dropouts, labels= gives the loss (fastenc.models.heads), num_items_in_batch (from Trainer) is used where
+dropouts, labels= gives the loss (fastenc.models.losses), num_items_in_batch (from Trainer) is used where
 transformers' loss uses it (ViT, ModernBERT's masked-LM and question-answering heads) and ignored where it does
 not (BERT, ModernBERT's classification heads). Masked-LM heads return transformers' logits shapes with labels too
 (their hf_forward: every token, or the labelled ones under ModernBERT's sparse_prediction).
@@ -36,7 +36,7 @@ import warnings
 import torch
 
 from fastenc.layers.steps import optimizer_steps
-from fastenc.models import architecture, heads
+from fastenc.models import architecture, losses
 from fastenc.models.loading import SUPPORTED, from_hf
 
 # The arguments the fastenc path understands are each architecture's `inputs` plus its head's label arguments
@@ -212,14 +212,14 @@ def _run(self, fe, arch: str, task: str, a: dict):
     # column 0 as transformers reads it, padding or not
     kind = None
     if labels:
-        kind = heads.check_sequence_labels(type(self).__name__, fe.config, labels["labels"], heads.grid(ids)[0])
+        kind = losses.check_sequence_labels(type(self).__name__, fe.config, labels["labels"], losses.grid(ids)[0])
     if task == "sequence_classification" and (labels or torch.is_grad_enabled()) and _column0_real(mask):
         first, _, _ = fe._run(*text, first_only=True)  # (column 0 is each row's first token: the last layer there only)
     else:
         x, batch, first = fe._run(*text, column0=True)
     if task == "sequence_classification":
         logits = fe.classify(first)
-        loss = None if kind is None else heads.sequence_loss(fe.config, kind, logits, labels["labels"])
+        loss = None if kind is None else losses.sequence_loss(fe.config, kind, logits, labels["labels"])
         return out_cls(loss=loss, logits=logits)
     hidden = batch.pad(x)
     if batch.indices is not None:  # (a new tensor: padding was re-inserted)

@@ -23,7 +23,7 @@ from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.lora import LoraMixin
-from fastenc.models import heads
+from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin
 from fastenc.models.saving import SaveMixin
@@ -288,12 +288,12 @@ class _ModernBertWithHead(ModernBertModel):
 
 class ModernBertForSequenceClassification(_ModernBertWithHead):
     """logits = classifier(head(pool(hidden))), pool = first token ('cls') or masked mean ('mean').
-    labels= -> transformers' SequenceClassifierOutput(loss, logits) (see fastenc.models.heads)."""
+    labels= -> transformers' SequenceClassifierOutput(loss, logits) (see fastenc.models.losses)."""
     task = "sequence_classification"
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         name = type(self).__name__
-        kind = None if labels is None else heads.check_sequence_labels(name, self.config, labels, heads.grid(input_ids)[0])
+        kind = None if labels is None else losses.check_sequence_labels(name, self.config, labels, losses.grid(input_ids)[0])
         if self.config.classifier_pooling == "mean":
             x, batch = self._encode(input_ids, attention_mask)
             pooled = batch.mean(x)
@@ -302,7 +302,7 @@ class ModernBertForSequenceClassification(_ModernBertWithHead):
         logits = self.classify(pooled)
         if labels is None:
             return logits
-        return heads.output(self.task, heads.sequence_loss(self.config, kind, logits, labels), logits)
+        return losses.output(self.task, losses.sequence_loss(self.config, kind, logits, labels), logits)
 
 
 class ModernBertForTokenClassification(_ModernBertWithHead):
@@ -313,15 +313,15 @@ class ModernBertForTokenClassification(_ModernBertWithHead):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         if labels is not None:
-            heads.check_token_labels(type(self).__name__, self.config, labels, heads.grid(input_ids),
+            losses.check_token_labels(type(self).__name__, self.config, labels, losses.grid(input_ids),
                                     attention_mask)
         x, batch = self._encode(input_ids, attention_mask)
         packed = self.classify(x)
         logits = batch.pad(packed)
         if labels is None:
             return logits
-        loss = heads.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
-        return heads.output(self.task, loss, logits)
+        loss = losses.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
+        return losses.output(self.task, loss, logits)
 
 
 
@@ -333,49 +333,49 @@ class ModernBertForQuestionAnswering(_ModernBertWithHead):
     task = "question_answering"
 
     def __init__(self, config: ModernBertConfig):
-        heads.check_qa_labels_count(type(self).__name__, config)
+        losses.check_qa_labels_count(type(self).__name__, config)
         super().__init__(config)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None, num_items_in_batch=None):
-        return heads.answer_spans(self, input_ids, start_positions, end_positions,
+        return losses.answer_spans(self, input_ids, start_positions, end_positions,
                                   lambda padded: self._run(input_ids, attention_mask, padded=padded), self.classify,
                                   num_items_in_batch)
 
 
 class ModernBertForMaskedLM(ModernBertModel):
     """Masked-LM logits = head(hidden) @ embeddings.tok^T + decoder_bias (the decoder tied to the token embedding),
-    by the convention of fastenc.models.heads.masked_lm: (batch, seq, vocab) with zeros at padding; positions= ->
+    by the convention of fastenc.models.losses.masked_lm: (batch, seq, vocab) with zeros at padding; positions= ->
     (n, vocab) there only; labels= -> MaskedLMOutput(loss, logits (n_labelled, vocab)) computed at the labelled
     tokens only. hf_forward gives transformers' shapes (config.sparse_prediction) for accelerate."""
     task = "masked_lm"
 
     def __init__(self, config: ModernBertConfig):
-        heads.check_tied(type(self).__name__, config)
+        losses.check_tied(type(self).__name__, config)
         super().__init__(config)
         self.head = ModernBertHead(config)
         self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """(n, hidden) packed hidden states -> (n, vocab) logits."""
-        return heads.decode(self.head, self.head(x), self.embeddings.tok.weight, self.decoder_bias)
+        return losses.decode(self.head, self.head(x), self.embeddings.tok.weight, self.decoder_bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None,
                 num_items_in_batch=None):
         name = type(self).__name__
         if labels is not None:
-            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+            losses.check_mlm_labels(name, self.config.vocab_size, labels, losses.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask)
-        return heads.masked_lm(name, self.predict, x, batch, labels, positions, num_items_in_batch)
+        return losses.masked_lm(name, self.predict, x, batch, labels, positions, num_items_in_batch)
 
     def hf_forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, num_items_in_batch=None):
         """transformers' ModernBertForMaskedLM fields: with labels and config.sparse_prediction, logits at the
         labelled tokens only (n_labelled, vocab); otherwise (batch, seq, vocab) at every real token."""
         name = type(self).__name__
         if labels is not None:
-            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+            losses.check_mlm_labels(name, self.config.vocab_size, labels, losses.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask)
-        out = heads.masked_lm(name, self.predict, x, batch, labels, None, num_items_in_batch,
+        out = losses.masked_lm(name, self.predict, x, batch, labels, None, num_items_in_batch,
                               dense=not self.config.sparse_prediction)
         return {"logits": out} if labels is None else {"loss": out.loss, "logits": out.logits}
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from fastenc.layers import LayerNorm, Linear
 from fastenc.layers.mlp import activation
-from fastenc.models import heads
+from fastenc.models import losses
 from fastenc.models.architecture import Architecture
 from fastenc.models.bert import BertForTokenClassification, BertModel, _classifier_dropout, question_answering
 from fastenc.models.bert import weight_map as bert_weight_map
@@ -106,7 +106,7 @@ class RobertaClassificationHead(nn.Module):
 
 class RobertaForSequenceClassification(RobertaModel):
     """logits = classifier(<s>): the first real token's last hidden state (column 0 under accelerate), no pooler.
-    labels= (batch,) int / float (fastenc.models.heads) -> SequenceClassifierOutput(loss, logits)."""
+    labels= (batch,) int / float (fastenc.models.losses) -> SequenceClassifierOutput(loss, logits)."""
     task = "sequence_classification"
 
     def __init__(self, config: RobertaConfig):
@@ -118,7 +118,7 @@ class RobertaForSequenceClassification(RobertaModel):
         return self.classifier(first)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        return heads.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
+        return losses.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
 
 
 class RobertaForQuestionAnswering(RobertaModel):
@@ -157,7 +157,7 @@ class RobertaLMHead(nn.Module):
 
 
 class RobertaForMaskedLM(RobertaModel):
-    """Masked-LM logits, computed only where needed (fastenc.models.heads.packed_rows):
+    """Masked-LM logits, computed only where needed (fastenc.models.losses.packed_rows):
     positions= bool (batch, seq) or int (n, 2) (row, col) -> logits (n, vocab) there, in row-major order;
     no positions, no labels -> (batch, seq, vocab), zeros at padding;
     labels= int (batch, seq), -100 ignored (labels at padded positions are not read) -> MaskedLMOutput(loss,
@@ -176,21 +176,21 @@ class RobertaForMaskedLM(RobertaModel):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
         name = type(self).__name__
         if labels is not None:
-            heads.check_mlm_labels(name, self.config.vocab_size, labels, heads.grid(input_ids))
+            losses.check_mlm_labels(name, self.config.vocab_size, labels, losses.grid(input_ids))
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         packed_labels = None
         if labels is not None:
             packed_labels = batch.gather(labels.to(x.device).reshape(batch.batch, batch.seq))
         if positions is not None:
-            rows = heads.packed_rows(name, batch, positions)
+            rows = losses.packed_rows(name, batch, positions)
         elif labels is not None:
-            rows = (packed_labels != heads.IGNORE).nonzero().flatten()
+            rows = (packed_labels != losses.IGNORE).nonzero().flatten()
         else:
             return batch.pad(self.lm_head(x, self.decoder_weight))
         logits = self.lm_head(x.index_select(0, rows), self.decoder_weight)
         if labels is None:
             return logits
-        return heads.output(self.task, heads.cross_entropy(logits, packed_labels[rows]), logits)
+        return losses.output(self.task, losses.cross_entropy(logits, packed_labels[rows]), logits)
 
 
 def weight_map(cfg: RobertaConfig, task: str, prefix: str = "") -> list[Entry]:

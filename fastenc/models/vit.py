@@ -22,7 +22,7 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
-from fastenc.models import heads
+from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
@@ -146,7 +146,7 @@ def _dropped(y: torch.Tensor, linear: Linear, p: float) -> tuple[torch.Tensor, t
 
 class ViTForImageClassification(ViTModel):
     """logits = classifier(hidden[:, 0]) after the final norm: (batch, num_labels).
-    labels= (batch,) int / float (see fastenc.models.heads) -> transformers' ImageClassifierOutput(loss, logits);
+    labels= (batch,) int / float (see fastenc.models.losses) -> transformers' ImageClassifierOutput(loss, logits);
     num_items_in_batch (single-label): the cross-entropy summed and divided by it, as transformers' loss does."""
     task = "image_classification"
 
@@ -162,13 +162,13 @@ class ViTForImageClassification(ViTModel):
                 raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
                                  f"num_labels={self.config.num_labels}")
             n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
-            kind = heads.check_sequence_labels(type(self).__name__, self.config, labels, n)
+            kind = losses.check_sequence_labels(type(self).__name__, self.config, labels, n)
         cls, _ = self._encode(pixel_values, first_only=True)  # the last layer past attention at the CLS rows only
         logits = cls if self.classifier is None else self.classifier(cls)
         if labels is None:
             return logits
-        loss = heads.sequence_loss(self.config, kind, logits, labels, num_items_in_batch)
-        return heads.output(self.task, loss, logits)
+        loss = losses.sequence_loss(self.config, kind, logits, labels, num_items_in_batch)
+        return losses.output(self.task, loss, logits)
 
 
 def weight_map(cfg: ViTConfig, task: str, prefix: str = "") -> list[Entry]:
