@@ -12,7 +12,7 @@ from torch import nn
 from fastenc import ops
 from fastenc.layers.linear import Linear
 from fastenc.ops._common import needs_grad
-from fastenc.ops._padding import gather_rows
+from fastenc.padding import gather_rows
 
 
 class SelfAttention(nn.Module):

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from fastenc.ops._padding import PackedBatch
+from fastenc.padding import PackedBatch
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 

@@ -42,7 +42,7 @@ from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
 from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import BertConfig
-from fastenc.ops._padding import gather_rows
+from fastenc.padding import gather_rows
 from fastenc.ops.direct import Plan
 
 _GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's

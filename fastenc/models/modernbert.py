@@ -31,7 +31,7 @@ from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import (column_attention, padded_first_rows, padded_positions, row_tokens,
                                     rows_with_holes)
 from fastenc.models.config import ModernBertConfig
-from fastenc.ops._padding import gather_rows
+from fastenc.padding import gather_rows
 from fastenc.ops.direct import Plan
 
 

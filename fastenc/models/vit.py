@@ -27,7 +27,7 @@ from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
 from fastenc.models.config import ViTConfig
-from fastenc.ops._padding import PackedBatch, gather_rows
+from fastenc.padding import PackedBatch, gather_rows
 
 
 class ViTEmbeddings(nn.Module):

@@ -35,7 +35,7 @@ from fastenc.ops._common import (INT64_MAX as _INT64_MAX, check_cu_seqlens, chec
 from fastenc.ops._attention_bwd import (  # also registers attention_bwd
     _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, setup_context)
 from fastenc.ops._library import custom_op
-from fastenc.ops._padding import pad_input, unpad_input
+from fastenc.padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
 from fastenc.reference.attention_bwd import attention_lse_varlen_ref
 

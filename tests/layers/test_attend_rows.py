@@ -5,7 +5,7 @@ import torch
 
 from fastenc import ops
 from fastenc.layers import SelfAttention
-from fastenc.ops._padding import gather_rows
+from fastenc.padding import gather_rows
 
 
 def _case(lens, window, seed):

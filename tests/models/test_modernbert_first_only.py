@@ -55,7 +55,7 @@ def test_mean_pooling_still_reads_every_token():
 
 
 def test_first_rows_gather_gradient_equals_index_select():
-    from fastenc.ops._padding import gather_rows
+    from fastenc.padding import gather_rows
     x = torch.randn(13, 7, dtype=torch.float64, requires_grad=True)
     rows = torch.tensor([0, 5, 5, 12])  # a repeated row (an empty sequence's stand-in): its gradients add up
     g = torch.randn(4, 7, dtype=torch.float64)

@@ -6,7 +6,7 @@ import torch
 
 import fastenc
 import _models_hf as _hf
-from fastenc.models.padding import PackedBatch, pad_input, unpad_input
+from fastenc.padding import PackedBatch, pad_input, unpad_input
 
 
 def test_unpad_pad_round_trip():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastenc import ops, registry, testing
-from fastenc.models.padding import unpad_input
+from fastenc.padding import unpad_input
 from fastenc.reference.attention import attention_ref, attention_varlen_ref
 
 OP = "attention"

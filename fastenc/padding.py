@@ -1,8 +1,8 @@
 """Padding in one place: unpad / re-pad between (batch, seq, ...) and packed (total_tokens, ...) with cu_seqlens
 (FlashAttention's bert_padding convention), the PackedBatch a model unpads once at its embedding and re-pads at
 its output, and the row gather the packed layers use. The dispatch layer serves a padded attention call through
-the packed kernels with unpad_input / pad_input; fastenc.models.padding is this module under the models' package.
-(It lives below fastenc.ops so that neither the ops nor the layers import fastenc.models.)"""
+the packed kernels with unpad_input / pad_input; ops, layers and models all import it from here (so the ops never
+import fastenc.models)."""
 from __future__ import annotations
 
 import torch
