@@ -2,7 +2,8 @@
 backend's implementation; one module per op declares its custom ops, autograd, inputs' checks and, through
 _backends.implement, each backend's function:
   layer_norm, rms_norm (backward: _norm_bwd), gelu, geglu, rope, attention (backward: _attention_bwd),
-  attention_qkv, merge_lora, lora_linear, dropout; shared: _common (input checks), _library, _padding.
+  attention_qkv, merge_lora, lora_linear, dropout; shared: _common (input checks), _library; direct: the packed
+  GEMM and the per-forward Plan of direct cpu-kernel calls.
 """
 from fastenc.ops.layer_norm import layer_norm
 from fastenc.ops.rms_norm import rms_norm
