@@ -7,7 +7,7 @@ import json
 import math
 
 from fastenc import cli
-from fastenc.benchmark.kernels import varlen_lengths
+from fastenc.benchmark.ops._common import varlen_lengths
 
 
 def test_train_cli_quick(tmp_path):
