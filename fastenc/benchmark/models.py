@@ -1,6 +1,8 @@
 """Model benchmarks: the base size of every architecture of the table (fastenc.models.architecture; MODELS below:
-bert-base, modernbert-base, vit-b16, deit-base, ...; random weights at real sizes, seed 0) and MiniLM (real weights) — fastenc against
-transformers eager, transformers sdpa, torch.compile of transformers, and ONNX Runtime on CPU (exported from the same transformers model and checked against it before timing).
+bert-base, modernbert-base, vit-b16, deit-base, ...; random weights at real sizes, seed 0) and MiniLM (real
+weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and ONNX Runtime
+on CPU (fastenc.benchmark.onnx_export: exported from the same transformers model and checked against it before
+timing).
 
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
 [16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
@@ -92,7 +94,8 @@ def _model_specs() -> dict[str, ModelSpec]:
     out = {}
     for mt, arch in architecture.architectures().items():
         name = NAMES.get(mt, f"{mt}-base")
-        size = BASE_SIZES[mt][1] if mt in BASE_SIZES else f"{arch.hf_class('base').removesuffix('Model')}Config() defaults"
+        default = f"{arch.hf_class('base').removesuffix('Model')}Config() defaults"
+        size = BASE_SIZES[mt][1] if mt in BASE_SIZES else default
         out[name] = ModelSpec(name, arch.modality, _random_base(arch), f"{size}, random weights", mt)
     out["minilm"] = ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights")
     return out
