@@ -78,7 +78,8 @@ def kernel_bench(benchmark, kcase, provider, request):
         benchmark.extra_info.update(shape=kcase.shape, source=kcase.source, provider=provider, bytes=nbytes,
                                     flops=flops, dtype=str(dtype).replace("torch.", ""), device=device)
         benchmark(timed)
-        med = benchmark.stats.stats.median
-        benchmark.extra_info.update(gb_s=nbytes / med / 1e9, tflop_s=flops / med / 1e12)
+        if benchmark.stats is not None:  # (None under --benchmark-disable: the call ran once, untimed)
+            med = benchmark.stats.stats.median
+            benchmark.extra_info.update(gb_s=nbytes / med / 1e9, tflop_s=flops / med / 1e12)
 
     return run
