@@ -1,5 +1,6 @@
 """pytest-benchmark entry to the kernel benchmarks: `pytest bench/ --benchmark-only` runs every op x provider at
-the model shapes of fastenc.benchmark.kernels through the `benchmark` fixture, one group per op.
+the cases of each op's benchmark spec (fastenc/benchmark/ops/<op>.py) through the `benchmark` fixture, one group
+per op.
 
 Options: --bench-device cpu|cuda (default: cuda if available), --bench-dtype fp32|fp16|bf16 (default: bf16 on
 cuda, fp32 on cpu), --bench-quick (one shape per op), --bench-long (add the long-sequence sweep).
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 import fastenc  # noqa: F401  (registers every op)
+from fastenc import registry
 from fastenc.benchmark import kernels
+from fastenc.benchmark import ops as op_specs
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -35,14 +38,14 @@ def _dtype(config) -> torch.dtype:
 def pytest_generate_tests(metafunc):
     if "kcase" not in metafunc.fixturenames:
         return
-    op = metafunc.module.OP
     cfg = metafunc.config
     device = _device(cfg)
     quick = cfg.getoption("--bench-quick")
-    cs = [c for c in kernels.cases(quick=quick, sweep=cfg.getoption("--bench-long")) if c.op == op]
-    provs = kernels.provider_names(op, device)
-    params = [(c, p) for c in cs for p in provs]
-    ids = [f"{p}-{c.shape.replace(' ', '_')}" for c, p in params]
+    known = set(registry.ops())
+    cs = [c for c in kernels.cases(quick=quick, sweep=cfg.getoption("--bench-long")) if c.op in known]
+    provs = {op: kernels.provider_names(op, device) for op in op_specs.specs() if op in known}
+    params = [(c, p) for c in cs for p in provs[c.op]]
+    ids = [f"{c.op}-{p}-{c.shape.replace(' ', '_')}" for c, p in params]
     metafunc.parametrize(("kcase", "provider"), params, ids=ids)
 
 
@@ -75,7 +78,8 @@ def kernel_bench(benchmark, kcase, provider, request):
         benchmark.extra_info.update(shape=kcase.shape, source=kcase.source, provider=provider, bytes=nbytes,
                                     flops=flops, dtype=str(dtype).replace("torch.", ""), device=device)
         benchmark(timed)
-        med = benchmark.stats.stats.median
-        benchmark.extra_info.update(gb_s=nbytes / med / 1e9, tflop_s=flops / med / 1e12)
+        if benchmark.stats is not None:  # (None under --benchmark-disable: the call ran once, untimed)
+            med = benchmark.stats.stats.median
+            benchmark.extra_info.update(gb_s=nbytes / med / 1e9, tflop_s=flops / med / 1e12)
 
     return run

@@ -10,8 +10,8 @@ exits too (no GPU, torch without CUDA, failed install) with the reason.
   python bench/gpu_check.py measure   --out DIR [--dry-run] [--budget-s S] [--dtypes bf16,fp16,fp32]
   python bench/gpu_check.py summarize --out DIR                      # final status, table, exit code
 
-The measurements are fastenc.benchmark's own (ceilings, quick cases, bytes/FLOPs models, call signatures,
-tolerance verdict against the reference): every fastenc backend the registry says runs here, beside the
+The measurements are fastenc.benchmark's own (ceilings, the quick cases of every op's benchmark spec in
+fastenc/benchmark/ops with their bytes/FLOPs models and calls, tolerance verdict against the reference): every fastenc backend the registry says runs here, beside the
 baselines measured in the same process. `--dry-run` (a CPU machine): device cpu, fp32, tiny cases, the
 reference and cpu backends standing in for the GPU ones. Exit codes: 0 passed, 1 failed, 2 aborted,
 3 incomplete (a required step skipped or cut for time).
@@ -221,7 +221,7 @@ def measure(out: Path, dry_run: bool, budget_s: float, dtypes: list[str]) -> int
     meas = res["measure"] = {"device": device, "dtypes": dtypes, "ceilings": {}, "rows": [], "failures": [],
                              "not_run": [], "done": False}
     save(out, res)
-    cases = kernels.cases(quick=True)
+    cases = kernels.cases(quick=True)  # the quick cases of every op's spec (fastenc.benchmark.ops)
     if dry_run:
         cases = [kernels.tiny(c) for c in cases]
     for dname in dtypes:

@@ -6,7 +6,7 @@
 #   ops_triton  op tests of the triton backend   (FASTENC_TEST_BACKENDS=triton, pytest -k triton)
 #   ops_rest    the other op tests (reference on the GPU, cpu backend, bad input, ...)
 #               each test process apart: a device fault poisons the CUDA context for every later test in it
-#   measure     fastenc.benchmark's quick kernel cases (every op, lora_linear included) x bf16/fp16/fp32: the
+#   measure     the quick cases of every op's benchmark spec (fastenc/benchmark/ops) x bf16/fp16/fp32: the
 #               ceilings, time, GB/s or TFLOP/s, fraction of ceiling, ratio to the baselines, tolerance verdict
 #   bench_*     optional: `fastenc bench kernels|models --quick --no-compile` (never fail the check)
 # Results: OUT/gpu_check.json, rewritten after every step and every measured case (and on the early exits, with

@@ -66,11 +66,9 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0, layers: int = 1)
                 fn(i % layers)
         return run
 
-    if torch.get_num_threads() == 1:
-        samples = _thread_timed({name: batched(fn) for name, fn in fns.items()}, rounds)
-    else:
-        samples = timing.interleaved({name: batched(fn) for name, fn in fns.items()}, "cpu", warmup=1,
-                                     repeats=rounds)
+    clock = time.thread_time if torch.get_num_threads() == 1 else None
+    samples = timing.interleaved({name: batched(fn) for name, fn in fns.items()}, "cpu", warmup=1, repeats=rounds,
+                                 clock=clock)
     samples = {name: [t / reps for t in s] for name, s in samples.items()}
     row = {"M": m, "K": k, "N": n, "layers": layers, "calls_per_sample": reps, "max_rel_diff": rel}
     for name, s in samples.items():
@@ -86,19 +84,6 @@ def measure(k: int, n: int, m: int, rounds: int, seed: int = 0, layers: int = 1)
     row["best/panels"] = statistics.median(ratios)
     row["best/panels q20-q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
     return row
-
-
-def _thread_timed(fns: dict, rounds: int) -> dict[str, list[float]]:
-    """Round-robin like timing.interleaved (one warmup round), each sample the calling thread's CPU time in ms."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.thread_time()
-            fn()
-            samples[name].append((time.thread_time() - t0) * 1e3)
-    return samples
 
 
 def main(argv=None) -> int:

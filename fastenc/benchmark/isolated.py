@@ -1,15 +1,17 @@
 """One model of `fastenc bench models` or `fastenc bench train` in its own process:
 `python -m fastenc.benchmark.isolated '<json spec>'` (the parent calls `run(spec, ...)`).
 
-Runs fastenc.benchmark.models.run_model (spec without "suite", or "suite": "models") or, for "suite": "train",
-fastenc.benchmark.train.run_case for each of the spec's modes, and reports its steps, logs and result to the
-parent as JSON lines on the original stdout; anything else the libraries print goes to stderr. A fresh process per
+Runs the spec's "entry" ("module:function", e.g. fastenc.benchmark.models:run_isolated), called as
+function(spec, send) with send(kind, payload) for "step", "tick" and "log" messages, and reports its steps, logs
+and result to the parent as JSON lines on the original stdout (the entry is imported by name, so this module
+imports none of the suites that run through it); anything else the libraries print goes to stderr. A fresh process per
 model keeps a model's timing and memory from depending on what an earlier model left behind: after larger
 allocations glibc's adaptive mmap/trim thresholds let later large buffers come from the heap without page faults,
 and buffers, thread pools or ONNX Runtime sessions linger.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -59,23 +61,8 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(spec["threads"])
-        if spec.get("suite") == "train":
-            from fastenc.benchmark import train
-
-            res = [train.run_case(spec["model"], mode, spec["providers"], quick=spec["quick"],
-                                  repeats=spec["repeats"], log=lambda m: send("log", m), tick=lambda: send("tick"),
-                                  attention_dropout=spec["attention_dropout"], workloads=spec["workloads"],
-                                  optimizer=spec["optimizer"], breakdown=spec["breakdown"])
-                   for mode in spec["modes"]]
-            send("done", res)
-            return 0
-        from fastenc.benchmark import models
-
-        res = models.run_model(models.MODELS[spec["model"]], spec["device"], getattr(torch, spec["dtype"]),
-                               spec["providers"], quick=spec["quick"], threads=spec["threads"],
-                               log=lambda m: send("log", m), tick=lambda: send("tick"), step=lambda m: send("step", m),
-                               breakdown=spec.get("breakdown", False), only=spec.get("only"), rounds=spec.get("rounds"))
-        send("done", res)
+        module, _, func = spec["entry"].partition(":")
+        send("done", getattr(importlib.import_module(module), func)(spec, send))
         return 0
     except BaseException as e:  # noqa: BLE001  (the parent raises with this message)
         send("error", f"{type(e).__name__}: {e}")

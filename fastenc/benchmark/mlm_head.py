@@ -18,8 +18,20 @@ from pathlib import Path
 
 import torch
 
-from fastenc.benchmark import report, timing
-from fastenc.benchmark.kernels import UsageError
+from fastenc.benchmark import options, report, timing
+from fastenc.benchmark.options import UsageError
+
+COMMAND = "mlm-head"
+HELP = "the masked-LM head at 15%% of tokens vs the encoder and transformers' dense head"
+
+
+def add_arguments(p) -> None:
+    options.models(p, "comma-separated of bert-base, modernbert-base (default: both)")
+
+
+def command(args, device: str, dtype: torch.dtype, out: Path) -> dict:
+    return bench_mlm_head(out, quick=args.quick, models=options.split(args.models), repeats=args.repeats,
+                          note=args.note)
 
 BATCH, SEQ, FRACTION = 8, 128, 0.15
 

@@ -1,6 +1,8 @@
-"""Model benchmarks: the base sizes of every architecture (MODELS below: BERT, ModernBERT, ViT-B/16, DeiT,
-DistilBERT, ELECTRA, ...; random weights at real sizes, seed 0) and MiniLM (real weights) — fastenc against
-transformers eager, transformers sdpa, torch.compile of transformers, and ONNX Runtime on CPU (exported from the same transformers model and checked against it before timing).
+"""Model benchmarks: the base size of every architecture of the table (fastenc.models.architecture; MODELS below:
+bert-base, modernbert-base, vit-b16, deit-base, ...; random weights at real sizes, seed 0) and MiniLM (real
+weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and ONNX Runtime
+on CPU (fastenc.benchmark.onnx_export: exported from the same transformers model and checked against it before
+timing).
 
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
 [16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
@@ -14,24 +16,19 @@ GEMMs timed alone) and the ceiling ratio (the sdpa baseline's median over that f
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
-import io
-import logging
+import inspect
 import os
-import shutil
 import statistics
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from fastenc.benchmark import latency, timing
-from fastenc.benchmark.kernels import varlen_lengths
+from fastenc.benchmark import latency, onnx_export, timing
+from fastenc.benchmark.ops._common import varlen_lengths
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
 BASELINES = ("hf-eager", "hf-sdpa", "hf-compile", "onnxruntime")
@@ -44,44 +41,41 @@ class ModelSpec:
     kind: str  # "text" | "vision"
     build: Callable[[], torch.nn.Module]
     note: str
+    model_type: str | None = None  # its architecture in fastenc.models.architecture (None: a checkpoint's own)
 
 
-def _seeded(fn):
+# Base-size settings where transformers' default config of an architecture is not its base checkpoint's, and the
+# benchmark names that are not "<model_type>-base"; every other architecture of the table runs at its defaults.
+BASE_SIZES = {
+    "electra": ({"embedding_size": 768, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                 "intermediate_size": 3072}, "electra-base-discriminator shape (embedding 768 = hidden 768)"),
+    "roberta": ({"vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1},
+                "RobertaConfig(vocab 50265, 514 positions, 1 token type, pad 1)"),
+    "xlm-roberta": ({"vocab_size": 250002, "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1},
+                    "XLMRobertaConfig(vocab 250002, 514 positions, 1 token type, pad 1)"),
+}
+NAMES = {"vit": "vit-b16"}
+
+
+def hf_class(arch, task: str = "base"):
+    """The transformers class of an Architecture's head."""
+    import transformers
+
+    return getattr(transformers, arch.hf_class(task))
+
+
+def hf_config(arch, task: str = "base", **overrides):
+    """The transformers config of `arch` at its benchmark base size (BASE_SIZES), with `overrides`."""
+    return hf_class(arch, task).config_class(**{**BASE_SIZES.get(arch.model_type, ({}, ""))[0], **overrides})
+
+
+def _random_base(arch) -> Callable[[], torch.nn.Module]:
     def build():
         torch.manual_seed(0)
-        return fn()
+        cls = hf_class(arch)
+        pooled = "add_pooling_layer" in inspect.signature(cls.__init__).parameters
+        return cls(hf_config(arch), **({"add_pooling_layer": False} if pooled else {}))
     return build
-
-
-def _bert():
-    from transformers import BertConfig, BertModel
-    return BertModel(BertConfig(), add_pooling_layer=False)
-
-
-def _modernbert():
-    from transformers import ModernBertConfig, ModernBertModel
-    return ModernBertModel(ModernBertConfig())
-
-
-def _vit():
-    from transformers import ViTConfig, ViTModel
-    return ViTModel(ViTConfig(), add_pooling_layer=False)
-
-
-def _deit():
-    from transformers import DeiTConfig, DeiTModel
-    return DeiTModel(DeiTConfig(), add_pooling_layer=False)
-
-
-def _distilbert():
-    from transformers import DistilBertConfig, DistilBertModel
-    return DistilBertModel(DistilBertConfig())
-
-
-def _electra():
-    from transformers import ElectraConfig, ElectraModel
-    return ElectraModel(ElectraConfig(embedding_size=768, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                      intermediate_size=3072))
 
 
 def _minilm():
@@ -93,28 +87,21 @@ def _minilm():
     return AutoModel.from_pretrained(str(pkg.get_model_path()))
 
 
-def _roberta(xlm: bool = False):
-    import transformers
-    name = "XLMRoberta" if xlm else "Roberta"
-    cfg = getattr(transformers, f"{name}Config")(vocab_size=250002 if xlm else 50265, max_position_embeddings=514,
-                                                 type_vocab_size=1, pad_token_id=1)
-    return getattr(transformers, f"{name}Model")(cfg, add_pooling_layer=False)
+def _model_specs() -> dict[str, ModelSpec]:
+    """One random-weight base model per architecture of the table, then MiniLM (real weights)."""
+    from fastenc.models import architecture
+
+    out = {}
+    for mt, arch in architecture.architectures().items():
+        name = NAMES.get(mt, f"{mt}-base")
+        default = f"{arch.hf_class('base').removesuffix('Model')}Config() defaults"
+        size = BASE_SIZES[mt][1] if mt in BASE_SIZES else default
+        out[name] = ModelSpec(name, arch.modality, _random_base(arch), f"{size}, random weights", mt)
+    out["minilm"] = ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights")
+    return out
 
 
-MODELS = {
-    "bert-base": ModelSpec("bert-base", "text", _seeded(_bert), "BertConfig() defaults, random weights"),
-    "modernbert-base": ModelSpec("modernbert-base", "text", _seeded(_modernbert), "ModernBertConfig() defaults, random weights"),
-    "vit-b16": ModelSpec("vit-b16", "vision", _seeded(_vit), "ViTConfig() defaults (224px, patch 16), random weights"),
-    "deit-base": ModelSpec("deit-base", "vision", _seeded(_deit), "DeiTConfig() defaults (224px, patch 16), random weights"),
-    "distilbert-base": ModelSpec("distilbert-base", "text", _seeded(_distilbert), "DistilBertConfig() defaults, random weights"),
-    "minilm": ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights"),
-    "electra-base": ModelSpec("electra-base", "text", _seeded(_electra),
-                              "electra-base-discriminator shape (embedding 768 = hidden 768), random weights"),
-    "roberta-base": ModelSpec("roberta-base", "text", _seeded(_roberta),
-                              "RobertaConfig(vocab 50265, 514 positions, 1 token type, pad 1), random weights"),
-    "xlm-roberta-base": ModelSpec("xlm-roberta-base", "text", _seeded(lambda: _roberta(xlm=True)),
-                                  "XLMRobertaConfig(vocab 250002, 514 positions, 1 token type, pad 1), random weights"),
-}
+MODELS = _model_specs()
 
 
 # ---- workloads ----
@@ -186,84 +173,12 @@ def _torch_fn(module) -> Callable[[dict], torch.Tensor]:
     return run
 
 
-def onnx_session(spec: ModelSpec, hf_model, threads: int, workdir: Path, log: Callable[[str], None] = print):
-    """Export `hf_model` with torch.onnx.export(dynamo=True) and dynamic batch/sequence axes; ORT CPU session."""
-    import onnxruntime as ort
-
-    wrap = _Wrap(hf_model, spec.kind).eval()
-    path = onnx_cache_path(spec, hf_model, workdir)
-    if path.exists():
-        log(f"{spec.name}: ONNX export from cache {path.parent}")
-    else:
-        log(f"{spec.name}: exporting to ONNX (torch.onnx.export, dynamo=True) ...")
-        _export(spec, wrap, hf_model, path)
-    names = ["pixel_values"] if spec.kind == "vision" else ["input_ids", "attention_mask"]
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # No busy-waiting after a run: ORT's spinning pool would take the cores from whichever provider runs next
-    # in the interleaved timing (a second-long forward loses nothing to the wake-up).
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-    def run(inputs):
-        feed = {n: inputs[n].numpy() for n in names}
-        return torch.from_numpy(sess.run(None, feed)[0])
-    return run
-
-
-def onnx_cache_path(spec: ModelSpec, hf_model, workdir: Path) -> Path:
-    """Exports are cached by a hash of the weights and the torch/transformers versions (the outputs are still
-    checked against transformers on every run): $FASTENC_CACHE_DIR or ~/.cache/fastenc, onnx/<model>-<hash>/.
-    FASTENC_BENCH_NO_CACHE=1 exports into a temporary folder instead."""
-    if os.environ.get("FASTENC_BENCH_NO_CACHE", "0") not in ("", "0"):
-        return workdir / f"{spec.name}.onnx"
-    import transformers
-    h = hashlib.sha1(f"{spec.name}|{torch.__version__}|{transformers.__version__}".encode())
-    for k, v in hf_model.state_dict().items():
-        h.update(k.encode())
-        h.update(v.detach().float().contiguous().numpy().tobytes())
-    base = Path(os.environ.get("FASTENC_CACHE_DIR", Path.home() / ".cache" / "fastenc"))
-    return base / "onnx" / f"{spec.name}-{h.hexdigest()[:16]}" / f"{spec.name}.onnx"
-
-
-def _export(spec: ModelSpec, wrap, hf_model, path: Path) -> None:
+def _onnx_example(spec: ModelSpec, hf_model) -> tuple:
+    """Example inputs of the ONNX export (its dynamic axes are batch and, for text, sequence)."""
     if spec.kind == "vision":
-        ex = (image_batch(2)["pixel_values"],)
-        names = ["pixel_values"]
-        dyn = {"args": ({0: torch.export.Dim("batch", min=1, max=1024)},)}
-    else:
-        b = text_batch([16, 9], hf_model.config.vocab_size)
-        ex = (b["input_ids"], b["attention_mask"])
-        names = ["input_ids", "attention_mask"]
-        bd, sd = torch.export.Dim("batch", min=1, max=1024), torch.export.Dim("seq", min=2, max=8192)
-        dyn = {"args": ({0: bd, 1: sd}, {0: bd, 1: sd})}
-    # export into a private folder, then rename it into place (the .onnx file names its external data file)
-    tmp_dir = path.parent.with_name(path.parent.name + f".tmp{os.getpid()}")
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_dir / path.name
-    quiet = [logging.getLogger(n) for n in ("torch.onnx", "torch.onnx._internal.exporter._registration", "onnxscript")]
-    levels = [lg.level for lg in quiet]
-    for lg in quiet:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(wrap, ex, str(tmp), dynamo=True, input_names=names, output_names=["last_hidden_state"],
-                              dynamic_shapes=dyn, external_data=True, verbose=False)
-    finally:
-        for lg, lv in zip(quiet, levels):
-            lg.setLevel(lv)
-    try:
-        tmp_dir.rename(path.parent)
-    except OSError:  # another run got there first, or a stale folder: keep the fresh export where it is
-        if not path.exists():
-            shutil.rmtree(path.parent, ignore_errors=True)
-            tmp_dir.rename(path.parent)
-        else:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+        return (image_batch(2)["pixel_values"],)
+    b = text_batch([16, 9], hf_model.config.vocab_size)
+    return (b["input_ids"], b["attention_mask"])
 
 
 def fastenc_model(hf_model):
@@ -316,7 +231,9 @@ def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, 
                 if dev.type != "cpu" or dtype != torch.float32:
                     skipped[name] = "ONNX Runtime baseline runs on CPU in fp32 only"
                     continue
-                fns[name] = onnx_session(spec, copy.deepcopy(hf_model).eval(), threads, workdir, log)
+                hf = copy.deepcopy(hf_model).eval()
+                fns[name] = onnx_export.session(spec.name, spec.kind, _Wrap(hf, spec.kind).eval(), _onnx_example(spec, hf),
+                                                hf, threads, workdir, log)
             else:
                 skipped[name] = f"unknown provider {name!r}"
         except Exception as e:
@@ -510,6 +427,14 @@ def _throughput_breakdowns(bind, per: dict, quick: bool) -> dict:
             b["gemm_floor_ms"] = latency.gemm_floor(b)
             out.setdefault(w, {})[name] = b
     return out
+
+
+def run_isolated(spec: dict, send: Callable[..., None]) -> dict:
+    """run_model in a process of its own (fastenc.benchmark.isolated), its steps, ticks and logs sent back."""
+    return run_model(MODELS[spec["model"]], spec["device"], getattr(torch, spec["dtype"]), spec["providers"],
+                     quick=spec["quick"], threads=spec["threads"], log=lambda m: send("log", m),
+                     tick=lambda: send("tick"), step=lambda m: send("step", m),
+                     breakdown=spec.get("breakdown", False), only=spec.get("only"), rounds=spec.get("rounds"))
 
 
 def paired_ratio(base_ms: list[float], ms: list[float]) -> float:

@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -218,6 +219,23 @@ def _machine_line(d: dict) -> str:
             f"{v['transformers']}, onnxruntime {v['onnxruntime']}; {d['dtype']}; commit `{d['commit'][:12]}`; {d['date']}")
 
 
+COMMAND = "report"
+HELP = "write RESULTS.md from the JSON files in --out"
+
+
+def add_arguments(p) -> None:
+    """(no options beyond the common ones: --out names the folder read and written)"""
+
+
+def command(args, device: str, dtype: torch.dtype, out: Path) -> int:
+    if not (out / "models.json").exists() and not (out / "kernels.json").exists():
+        print(f"fastenc bench report: no models.json or kernels.json in {out}", file=sys.stderr)
+        return 2
+    (out / "RESULTS.md").write_text(results_markdown(out))
+    print(f"wrote {out / 'RESULTS.md'}")
+    return 0
+
+
 def results_markdown(folder: Path) -> str:
     """RESULTS.md text from folder/models.json and folder/kernels.json (whichever exist)."""
     parts = ["## Benchmark results", ""]
@@ -286,3 +304,8 @@ GPU times come from CUDA events after warm-up; CPU times from a monotonic clock 
 interleaved round by round and every row reports the median with the 0.2/0.8 quantiles; the JSON records the
 machine, versions and commit. Options: `--threads N`, `--ops`, `--shapes`, `--models`, `--providers`, `--no-compile`.
 """
+
+
+def print_failures(failed: list[str]) -> None:
+    if failed:
+        print("\nFAILED (fastenc providers):\n" + "\n".join(f"  {f}" for f in failed))

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from fastenc.benchmark import options
 from fastenc.benchmark.timing import percentile
 
 
@@ -234,6 +235,36 @@ def _levels(host, port, path, bodies, concurrencies, per_level, time_cap, k) -> 
         print(f"  c={c:<4} {r['requests_per_s']:8.1f} req/s {r['texts_per_s']:8.0f} texts/s  p50 {r['p50_ms']:7.2f} "
               f"p99 {r['p99_ms']:7.2f} ms  {r['statuses']}", flush=True)
     return rows
+
+
+COMMAND = "serve"
+HELP = "the HTTP server over loopback vs the in-process model and Infinity"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model-dir", default=None, help="model folder (default: the embedded MiniLM)")
+    p.add_argument("--concurrency", default="1,8,32", help="comma-separated client concurrencies")
+    p.add_argument("--texts-per-request", type=int, default=8, help="texts in each request (default 8)")
+    p.add_argument("--requests", type=int, default=400, help="requests per concurrency level (default 400)")
+    p.add_argument("--time-cap", type=float, default=60.0, help="seconds at most per level (default 60)")
+    p.add_argument("--overload-seconds", type=float, default=30.0,
+                   help="seconds of 8x the in-flight limit (default 30; 0 for none)")
+    p.add_argument("--infinity", default=None, help="path of the infinity_emb command (default: on PATH)")
+    p.add_argument("--ray-replicas", type=int, default=0, help="also run N Ray Serve replicas (default 0)")
+
+
+def command(args, device: str, dtype, out: Path) -> dict:
+    from fastenc import cli_checks
+
+    for flag in ("texts_per_request", "requests"):
+        cli_checks.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
+    levels = options.ints(args.concurrency, ())
+    if not levels:
+        raise options.UsageError(f"--concurrency must list positive integers, got {args.concurrency!r}")
+    return bench_serve(out, model_dir=args.model_dir, concurrencies=levels, texts_per_request=args.texts_per_request,
+                       requests_per_level=args.requests, time_cap=args.time_cap,
+                       overload_seconds=args.overload_seconds, infinity=args.infinity,
+                       ray_replicas=args.ray_replicas, threads=args.threads, note=args.note)
 
 
 def bench_serve(out: Path, *, model_dir=None, concurrencies=(1, 8, 32), texts_per_request: int = 8,

@@ -62,7 +62,11 @@ def sync(device: str | torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _time_call_cpu(fn: Callable[[], object]) -> float:
+def _time_call_cpu(fn: Callable[[], object], clock: Callable[[], float] | None = None) -> float:
+    if clock is not None:
+        t0 = clock()
+        fn()
+        return (clock() - t0) * 1e3
     t0 = time.perf_counter_ns()
     fn()
     return (time.perf_counter_ns() - t0) / 1e6
@@ -70,7 +74,8 @@ def _time_call_cpu(fn: Callable[[], object]) -> float:
 
 def interleaved(fns: Mapping[str, Callable[[], object]], device: str = "cpu", warmup: int = 1, repeats: int = 5,
                 min_time_s: float = 0.0, max_repeats: int | None = None,
-                on_round: Callable[[], None] | None = None, flush_l2: bool = False) -> dict[str, list[float]]:
+                on_round: Callable[[], None] | None = None, flush_l2: bool = False,
+                clock: Callable[[], float] | None = None) -> dict[str, list[float]]:
     """Time every callable in `fns` round-robin (A B C A B C ...), returning name -> samples in ms.
 
     warmup:     untimed rounds first (compilation, caches, allocator).
@@ -79,6 +84,8 @@ def interleaved(fns: Mapping[str, Callable[[], object]], device: str = "cpu", wa
     The order inside a round rotates each round so no provider always runs right after the same one.
     flush_l2:   on CUDA, overwrite a 256 MiB buffer before each timed call (outside the events) so a kernel
                 does not find its inputs in L2 from the previous call (as Triton's do_bench does).
+    clock:      on the CPU, a clock in seconds to time each call with instead of the wall clock (e.g.
+                time.thread_time: the calling thread's CPU time, little moved by other load on the machine).
     """
     names = list(fns)
     dev = torch.device(device)
@@ -110,7 +117,7 @@ def interleaved(fns: Mapping[str, Callable[[], object]], device: str = "cpu", wa
                 spent += ms / 1e3
         else:
             for n in order:
-                ms = _time_call_cpu(fns[n])
+                ms = _time_call_cpu(fns[n], clock)
                 samples[n].append(ms)
                 spent += ms / 1e3
         r += 1

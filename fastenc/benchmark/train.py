@@ -1,8 +1,9 @@
 """`fastenc bench train`: training-step throughput (forward + cross-entropy + backward + AdamW step) of fastenc
 against transformers sdpa (and torch.compile of it) for full fine-tuning, and against transformers + PEFT for
 LoRA (r 8, alpha 16, dropout 0.1 on query/value, Wqkv for ModernBERT, q_proj/v_proj for ViT; the head trained
-as PEFT's SEQ_CLS modules_to_save), on BERT-base, ModernBERT-base and ViT-B/16 classifiers built from their
-configs with random weights (seed 0).
+as PEFT's SEQ_CLS modules_to_save; each architecture's own targets from the architecture table), by default on
+BERT-base, ModernBERT-base and ViT-B/16 classifiers (--models: any base model of fastenc.benchmark.models whose
+architecture has a classifier head) built from their configs with random weights (seed 0).
 
 Workloads (as `fastenc bench models`): fixed 8 x 128 tokens (ViT: 8 images) and the variable-length batch
 (16 sequences, lengths uniform in [16, 384], seed 0) padded to its longest with a mask for every provider
@@ -20,7 +21,7 @@ transformers' (max abs error recorded).
 Optimizer (the same for every provider): by default torch.optim.AdamW(fused=True), the one transformers' Trainer
 builds by default (`optim="adamw_torch_fused"`); `--optimizer adamw_torch` takes torch.optim.AdamW with its
 default implementation instead (on CPU a loop of elementwise passes per parameter: 4-6x the fused step's time,
-bench/adamw_step.py), the setting of the results before the option.
+bench/results/train/adamw_step-e59aa02.txt), the setting of the results before the option.
 
 Several models run one fresh process each (fastenc.benchmark.isolated; `--same-process` keeps one), as in
 `fastenc bench models`: a model measured after a larger one in the same process starts from the heap that one left
@@ -46,42 +47,89 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from fastenc.benchmark import latency, report, timing
-from fastenc.benchmark.kernels import UsageError, varlen_lengths
+from fastenc.benchmark import isolated, latency, options, report, timing
+from fastenc.benchmark.ops._common import varlen_lengths
+from fastenc.benchmark.options import UsageError
+from fastenc.benchmark import models as bench_models
 from fastenc.benchmark.models import image_batch, paired_ratio, text_batch
+from fastenc.models import architecture
 
-MODELS = ("bert-base", "modernbert-base", "vit-b16")
-LORA = {"bert": ["query", "value"], "modernbert": ["Wqkv"], "vit": ["q_proj", "v_proj"]}
+# The classifier task each modality trains (a head every architecture of the table declares for its modality).
+TASKS = {"text": "sequence_classification", "vision": "image_classification"}
+# Every random-weight base model of the model benchmarks whose architecture has that head; the default selection.
+MODELS = tuple(n for n, s in bench_models.MODELS.items()
+               if s.model_type and TASKS[s.kind] in architecture.get(s.model_type).heads)
+DEFAULT_MODELS = ("bert-base", "modernbert-base", "vit-b16")
 BASELINE = {"full": "hf-sdpa", "lora": "hf-sdpa+peft"}
 WORKLOADS = ("fixed", "varlen")
 LR = 1e-4
 # --optimizer: transformers' TrainingArguments.optim names -> the keyword arguments of torch.optim.AdamW.
 OPTIMIZERS = {"adamw_torch_fused": {"fused": True}, "adamw_torch": {}}
-# The config key of the attention-probability dropout, per benchmark model.
-ATTENTION_DROPOUT = {"bert-base": "attention_probs_dropout_prob", "modernbert-base": "attention_dropout",
-                     "vit-b16": "attention_probs_dropout_prob"}
+# The config keys transformers names the attention-probability dropout by (the first one a config has).
+ATTENTION_DROPOUT = ("attention_probs_dropout_prob", "attention_dropout")
+# Quick mode's small vocabulary and the special-token ids moved into it (where the default lies outside).
+QUICK_VOCAB = 1100  # (text_batch draws ids from [1000, vocab))
+QUICK_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}
+
+
+COMMAND = "train"
+HELP = "training steps (full and LoRA) vs transformers (+ PEFT for LoRA)"
+
+
+def add_arguments(p) -> None:
+    options.models(p, f"comma-separated of {', '.join(MODELS)} (default: {', '.join(DEFAULT_MODELS)})")
+    p.add_argument("--modes", default=None, help="comma-separated of full, lora (default: both)")
+    options.providers(p, "comma-separated providers to keep: fastenc,hf-sdpa,hf-sdpa+peft,hf-compile")
+    p.add_argument("--attention-dropout", default="config", help="'config' (the models' own attention-probability "
+                   "dropout, BERT 0.1; default) or 'off' (0 for every provider)")
+    p.add_argument("--optimizer", default="adamw_torch_fused",
+                   help="the AdamW every provider steps with, by transformers' name: adamw_torch_fused "
+                        "(torch.optim.AdamW(fused=True), the Trainer's default; default) or adamw_torch")
+    options.workloads(p, "comma-separated of fixed, varlen (default: both; ViT has fixed only)")
+    options.breakdown(p, "one step of fastenc and the baseline under torch.profiler, with fastenc's GEMM floor and "
+                      "the ceiling ratio")
+    options.same_process(p)
+    options.no_compile(p)
+    options.no_plots(p)
+
+
+def command(args, device: str, dtype: torch.dtype, out: Path) -> dict:
+    return bench_train(quick=args.quick, out=out, models=options.split(args.models), modes=options.split(args.modes),
+                       providers=options.split(args.providers), compile_hf=not args.no_compile,
+                       plots=not args.no_plots, note=args.note, repeats=args.repeats,
+                       attention_dropout=args.attention_dropout, workloads=options.split(args.workloads),
+                       optimizer=args.optimizer, breakdown=args.breakdown,
+                       isolate=False if args.same_process else None)
+
+
+def architecture_of(name: str):
+    """The Architecture of a train benchmark model name."""
+    if name not in MODELS:
+        raise UsageError(f"--models: unknown {name!r}; known: {list(MODELS)}")
+    return architecture.get(bench_models.MODELS[name].model_type)
+
+
+def attention_dropout_key(config) -> str:
+    return next(k for k in ATTENTION_DROPOUT if hasattr(config, k))
 
 
 def build_hf(name: str, quick: bool, attention_dropout: str = "config"):
     """The transformers classifier for a benchmark model name (quick: a tiny config of the same family), with the
     config's attention-probability dropout ("config") or none ("off")."""
-    import transformers as tf
-
+    arch = architecture_of(name)
+    task = TASKS[arch.modality]
+    defaults = bench_models.hf_class(arch, task).config_class()
     torch.manual_seed(0)
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if quick else {}
-    vocab = dict(vocab_size=1100) if quick else {}  # (text_batch draws ids from [1000, vocab))
-    if attention_dropout == "off" and name in ATTENTION_DROPOUT:
-        small[ATTENTION_DROPOUT[name]] = 0.0
-    if name == "bert-base":
-        model = tf.BertForSequenceClassification(tf.BertConfig(num_labels=2, **small, **vocab))
-    elif name == "modernbert-base":
-        ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2) if quick else {}
-        model = tf.ModernBertForSequenceClassification(tf.ModernBertConfig(num_labels=2, **small, **vocab, **ids))
-    elif name == "vit-b16":
-        extra = dict(image_size=32) if quick else {}
-        model = tf.ViTForImageClassification(tf.ViTConfig(num_labels=10, **small, **extra))
-    else:
-        raise UsageError(f"--models: unknown {name!r}; known: {list(MODELS)}")
+    if quick and arch.modality == "vision":
+        small["image_size"] = 32
+    elif quick:
+        small["vocab_size"] = QUICK_VOCAB
+        small.update({k: v for k, v in QUICK_IDS.items() if (getattr(defaults, k, None) or 0) >= QUICK_VOCAB})
+    if attention_dropout == "off":
+        small[attention_dropout_key(defaults)] = 0.0
+    cfg = bench_models.hf_config(arch, task, num_labels=10 if arch.modality == "vision" else 2, **small)
+    model = bench_models.hf_class(arch, task)(cfg)
     model.set_attn_implementation("sdpa")
     return model
 
@@ -89,7 +137,7 @@ def build_hf(name: str, quick: bool, attention_dropout: str = "config"):
 def train_workloads(name: str, hf, quick: bool) -> dict[str, tuple[dict, torch.Tensor, int, str]]:
     """workload -> (inputs, labels, useful units, description)."""
     g = torch.Generator().manual_seed(1)
-    if name == "vit-b16":
+    if architecture_of(name).modality == "vision":
         n, size = (2, 32) if quick else (8, 224)
         return {"fixed": (image_batch(n, size), torch.randint(0, 10, (n,), generator=g), n, f"{n} images {size}px")}
     vocab = hf.config.vocab_size
@@ -115,24 +163,25 @@ def build_providers(name: str, hf, mode: str, providers: list[str], log: Callabl
     """provider -> (model in train mode, is fastenc's), and provider -> reason skipped."""
     import fastenc
 
-    arch = hf.config.model_type
+    arch = architecture_of(name)
+    targets, vision = list(arch.lora_targets), arch.modality == "vision"
     out, skipped = {}, {}
     for p in providers:
         try:
             if p == "fastenc":
                 m = fastenc.from_hf(copy.deepcopy(hf))
                 if mode == "lora":
-                    m.add_lora(r=8, lora_alpha=16, target_modules=LORA[arch], lora_dropout=0.1,
-                               modules_to_save=["classifier"] if arch == "vit" else None)
+                    m.add_lora(r=8, lora_alpha=16, target_modules=targets, lora_dropout=0.1,
+                               modules_to_save=["classifier"] if vision else None)
                 out[p] = (m.train(), True)
             elif p in ("hf-sdpa", "hf-sdpa+peft", "hf-compile"):
                 m = copy.deepcopy(hf)
                 if mode == "lora":
                     from peft import LoraConfig, get_peft_model
-                    task = None if arch == "vit" else "SEQ_CLS"
+                    task = None if vision else "SEQ_CLS"
                     m = get_peft_model(m, LoraConfig(task_type=task, r=8, lora_alpha=16, lora_dropout=0.1,
-                                                     target_modules=LORA[arch],
-                                                     modules_to_save=["classifier"] if arch == "vit" else None))
+                                                     target_modules=targets,
+                                                     modules_to_save=["classifier"] if vision else None))
                 if p == "hf-compile":
                     log(f"{name} {mode}: torch.compile of transformers compiles at its first steps ...")
                     m = torch.compile(m)
@@ -192,7 +241,7 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
     `results` before this case); breakdown: each row of fastenc and the baseline gets its step's `breakdown` and fastenc's
     its GEMM floor and ceiling ratio (module docstring)."""
     hf = build_hf(name, quick, attention_dropout)
-    p_attn = getattr(hf.config, ATTENTION_DROPOUT[name])
+    p_attn = getattr(hf.config, attention_dropout_key(hf.config))
     wanted = [p for p in providers if (mode == "lora") == p.endswith("+peft") or p == "fastenc"]
     models, skipped = build_providers(name, hf, mode, wanted, log)
     loads = {w: v for w, v in train_workloads(name, hf, quick).items() if workloads is None or w in workloads}
@@ -209,7 +258,7 @@ def run_case(name: str, mode: str, providers: list[str], *, quick: bool, repeats
         for p, s in samples.items():
             st = timing.summarize(s)
             row = {"model": name, "mode": mode, "workload": w, "workload_desc": desc, "provider": p, **st.as_dict(),
-                   "throughput": thr[p], "unit": "images/s" if name == "vit-b16" else "tokens/s",
+                   "throughput": thr[p], "unit": "images/s" if architecture_of(name).modality == "vision" else "tokens/s",
                    "useful_units": units, "peak_mem_mib": mem[p], "max_abs_err_logits": errors.get(p),
                    "attention_dropout_p": p_attn}
             for b in (base, "hf-compile"):
@@ -264,7 +313,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     (fastenc.benchmark.isolated; default when more than one model runs), as `fastenc bench models` does."""
     from tqdm import tqdm
 
-    names = models or (["bert-base"] if quick else list(MODELS))
+    names = models or (["bert-base"] if quick else list(DEFAULT_MODELS))
     bad = [n for n in names if n not in MODELS]
     if bad:
         raise UsageError(f"--models: unknown {bad}; known: {list(MODELS)}")
@@ -291,7 +340,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     meta.update(note=note, repeats=repeats, threads=torch.get_num_threads(), lr=LR,
                 optimizer=optimizer, optimizer_kwargs=OPTIMIZERS[optimizer],
                 memory="RSS growth during one training step after warm-up, sampled every 1 ms",
-                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1, targets=LORA), attention_dropout=attention_dropout,
+                lora=dict(r=8, lora_alpha=16, lora_dropout=0.1,
+                          targets={architecture_of(n).model_type: list(architecture_of(n).lora_targets) for n in names}), attention_dropout=attention_dropout,
                 workloads=workloads or list(WORKLOADS), breakdown=breakdown)
     isolate = len(names) > 1 if isolate is None else isolate
     meta["process_per_model"] = isolate
@@ -301,10 +351,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
     bar = tqdm(total=len(names) * len(modes), desc="train", unit="case", file=sys.stderr, dynamic_ncols=True)
     for n in names:
         if isolate:
-            from fastenc.benchmark import isolated
-
             bar.set_postfix_str(f"{n} {', '.join(modes)} (own process)")
-            spec = {"suite": "train", "model": n, "modes": modes, "providers": providers, "quick": quick,
+            spec = {"entry": "fastenc.benchmark.train:run_isolated", "model": n, "modes": modes, "providers": providers, "quick": quick,
                     "repeats": repeats, "threads": torch.get_num_threads(), "attention_dropout": attention_dropout,
                     "workloads": workloads, "optimizer": optimizer, "breakdown": breakdown}
             for res in isolated.run(spec, log, bar.refresh, lambda msg: None):
@@ -334,6 +382,15 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
             f"training step (fwd+bwd+AdamW), {meta['machine']['cpu']}, {meta['threads']} threads, fp32"))
     print(train_table(rows))
     return {"payload": payload, "files": [f for f in files if f], "failures": []}
+
+
+def run_isolated(spec: dict, send: Callable[..., None]) -> list[dict]:
+    """run_case for each of the spec's modes, in a process of its own (fastenc.benchmark.isolated)."""
+    return [run_case(spec["model"], mode, spec["providers"], quick=spec["quick"], repeats=spec["repeats"],
+                     log=lambda m: send("log", m), tick=lambda: send("tick"),
+                     attention_dropout=spec["attention_dropout"], workloads=spec["workloads"],
+                     optimizer=spec["optimizer"], breakdown=spec["breakdown"])
+            for mode in spec["modes"]]
 
 
 def train_table(rows: list[dict]) -> str:

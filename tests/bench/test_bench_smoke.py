@@ -12,6 +12,7 @@ import torch
 
 from fastenc import cli
 from fastenc.benchmark import kernels, models, timing
+from fastenc.benchmark.ops import attention as attention_spec
 
 
 def test_kernels_cli_one_case(tmp_path):
@@ -64,7 +65,7 @@ def test_attention_flops_model_counts_visible_pairs():
         for w in (None, 0, 3, 64):
             i = torch.arange(L)
             brute = int(((i[None] - i[:, None]).abs() <= (L if w is None else w)).sum())
-            assert kernels._visible_pairs([L], w) == brute, (L, w)
+            assert attention_spec.visible_pairs([L], w) == brute, (L, w)
 
 
 def test_varlen_workload_is_fixed():
@@ -126,7 +127,7 @@ def test_tiny_model_end_to_end(monkeypatch):
 
 def test_models_run_one_process_per_model(tmp_path):
     """With several models each runs in a fresh process (fastenc.benchmark.isolated); rows and steps come back."""
-    from fastenc.benchmark import suite
+    from fastenc.benchmark import model_suite as suite
 
     steps = []
     res = suite._run_model_isolated("minilm", "cpu", torch.float32, ["fastenc", "hf-sdpa"], True,

@@ -7,7 +7,7 @@ import json
 import math
 
 from fastenc import cli
-from fastenc.benchmark.kernels import varlen_lengths
+from fastenc.benchmark.ops._common import varlen_lengths
 
 
 def test_train_cli_quick(tmp_path):
@@ -59,10 +59,15 @@ def test_train_cli_runs_the_workloads_asked_for(tmp_path):
 
 
 def test_attention_dropout_off_builds_every_model_without_it():
-    from fastenc.benchmark.train import ATTENTION_DROPOUT, build_hf
+    from fastenc.benchmark.train import DEFAULT_MODELS, attention_dropout_key, build_hf
 
-    for name, key in ATTENTION_DROPOUT.items():
-        assert getattr(build_hf(name, True, "off").config, key) == 0.0
+    keys = {}
+    for name in DEFAULT_MODELS:
+        cfg = build_hf(name, True, "off").config
+        keys[name] = attention_dropout_key(cfg)
+        assert getattr(cfg, keys[name]) == 0.0
+    assert keys == {"bert-base": "attention_probs_dropout_prob", "modernbert-base": "attention_dropout",
+                    "vit-b16": "attention_probs_dropout_prob"}
     assert build_hf("bert-base", True).config.attention_probs_dropout_prob == 0.1
     assert build_hf("bert-base", True, "off").config.hidden_dropout_prob == 0.1  # the other dropouts stay
 

@@ -1,7 +1,7 @@
 """`fastenc bench embed` on a tiny corpus: every provider's row, its speed ratio and its output check are filled."""
 import pytest
 
-from fastenc.corpus.bench import bench_embed
+from fastenc.benchmark.embed import bench_embed
 
 
 def test_bench_embed_small(tmp_path):
@@ -38,7 +38,7 @@ def test_bench_embed_memory_only(tmp_path, monkeypatch):
 
 
 def test_bench_cli_int_lists():
-    from fastenc.benchmark.cli import _ints
+    from fastenc.benchmark.options import ints as _ints
 
     assert _ints(None, (1, 2)) == (1, 2)
     assert _ints("0", (1, 2)) == ()

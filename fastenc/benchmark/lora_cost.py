@@ -7,13 +7,12 @@ Measured in one process, interleaved (ABAB) so every provider sees the same mach
   merged      F.linear(x, W', b), W' = fastenc.ops.merge_lora(W, A, B, scale): the merged model's cost
 plus the one-off merge time. Ratios of medians and of minimums (best-of, robust when the machine is shared).
 Default: CPU, fp32, hidden 768, tokens 4096, r = 8, 16, 64.
-Usage: python bench/lora.py [--device cuda --dtype bf16] [--tokens 4096 --hidden 768 --ranks 8,16,64]
-Writes bench/out/lora-<device>-<dtype>-t<threads>.json and .png. On a CPU shared with other work, each extra
+Usage: fastenc bench lora [--device cuda --dtype bf16] [--tokens 4096 --hidden 768 --ranks 8,16,64] [--out DIR]
+Writes DIR/lora-<device>-<dtype>-t<threads>.json and .png. On a CPU shared with other work, each extra
 parallel region of the unmerged path can lose a scheduler slice: compare --threads 1 with the default.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -23,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 import fastenc
-from fastenc.benchmark import report, timing
+from fastenc.benchmark import options, report, timing
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMMAND = "lora"
+HELP = "LoRA inference cost: fused unmerged lora_linear, PEFT's unmerged form and the merged weight vs a plain linear"
 
 
 def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[int], repeats: int) -> list[dict]:
@@ -48,7 +48,10 @@ def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[i
         }
         impl = fastenc.registry.select("lora_linear", {"x": x, "weight": w, "bias": b, "lora_a": a, "lora_b": bb})
         samples = timing.interleaved(fns, device, warmup=2, repeats=repeats, min_time_s=1.0, max_repeats=200)
-        cpu_ms = _thread_cpu_times(fns, repeats) if device == "cpu" and torch.get_num_threads() == 1 else None
+        cpu_ms = None
+        if device == "cpu" and torch.get_num_threads() == 1:  # CPU time of the (only) compute thread, per call
+            thread = timing.interleaved(fns, "cpu", warmup=0, repeats=repeats, clock=time.thread_time)
+            cpu_ms = {k: statistics.median(v) for k, v in thread.items()}
         stats = {k: timing.summarize(v) for k, v in samples.items()}
         merge = timing.time_fn(lambda: fastenc.ops.merge_lora(w, a, bb, scale), device, warmup=1, repeats=10)
         base, base_min = stats["plain"].median_ms, stats["plain"].min_ms
@@ -75,18 +78,6 @@ def run(device: str, dtype: torch.dtype, tokens: int, hidden: int, ranks: list[i
     return rows
 
 
-def _thread_cpu_times(fns, repeats: int) -> dict[str, float]:
-    """Median CPU time (ms) of the calling thread per call, round-robin; with one torch thread all work runs on
-    it, so time lost to other processes on a shared machine does not count."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.thread_time_ns()
-            fn()
-            out[k].append((time.thread_time_ns() - t0) / 1e6)
-    return {k: statistics.median(v) for k, v in out.items()}
-
-
 def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -107,31 +98,22 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--ranks", default="8,16,64")
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
-    a = p.parse_args(argv)
-    dtype = DTYPES[a.dtype]
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    rows = run(a.device, dtype, a.tokens, a.hidden, [int(r) for r in a.ranks.split(",")], a.repeats)
-    out = Path(a.out)
-    stem = f"lora-{a.device}-{a.dtype}-t{torch.get_num_threads()}"
+    options.no_plots(p)
+
+
+def command(a, device: str, dtype: torch.dtype, out: Path) -> dict:
+    rows = run(device, dtype, a.tokens, a.hidden, list(options.ints(a.ranks, ())), a.repeats or 15)
+    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    stem = f"lora-{device}-{name}-t{torch.get_num_threads()}"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # other work on the machine skews CPU runs
-    report.write_json(out / f"{stem}.json", {**report.metadata(a.device, dtype, False), "load_average_1min": load,
-                                            "results": rows})
-    plot(rows, out / f"{stem}.png",
-         f"LoRA linear, {a.device} {a.dtype}, {a.tokens}x{a.hidden}, {torch.get_num_threads()} threads")
-    print(f"wrote {out / stem}.json and .png")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    files = [report.write_json(out / f"{stem}.json", {**report.metadata(device, dtype, False),
+                                                       "load_average_1min": load, "results": rows})]
+    if not a.no_plots:
+        plot(rows, out / f"{stem}.png",
+             f"LoRA linear, {device} {name}, {a.tokens}x{a.hidden}, {torch.get_num_threads()} threads")
+        files.append(out / f"{stem}.png")
+    return {"files": files, "failures": []}

@@ -8,9 +8,10 @@ Measured in one process, fastenc and SDPA interleaved (ABAB) so both see the sam
 Equal shapes: seq 128, 512, 2048 at 2048 tokens per batch, heads 12, head_dim 64, fp32. Varlen: 16 sequences,
 lengths uniform in [16, 384] (seed 0); SDPA computes the padded batch, fastenc only the real tokens. Ratios are
 SDPA time / fastenc time (> 1: fastenc faster), of medians and of minimums (best-of), plus the ratio of one-thread
-CPU times (robust when other processes share the machine). Peak memory: extra resident memory of one call at seq 2048, 4096, 8192, one head.
-Usage: python bench/attention.py [--threads 2] [--repeats 7] [--quick]
-Writes bench/out/attention-cpu-fp32-t<threads>.json and .png.
+CPU times (robust when other processes share the machine). Peak memory: extra resident memory of one call at seq
+2048, 4096, 8192, one head (in a fresh process: `python -m fastenc.benchmark.attention_cpu --memory-only SEQS`).
+Usage: fastenc bench attention-cpu [--threads 2] [--repeats 7] [--quick] [--out DIR]
+Writes DIR/attention-cpu-fp32-t<threads>.json and .png.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 import fastenc
-from fastenc.benchmark import report, timing
-from fastenc.benchmark.kernels import varlen_lengths
+from fastenc.benchmark import options, report, timing
+from fastenc.benchmark.ops._common import varlen_lengths
 from fastenc.reference.attention import attention_ref, attention_varlen_ref
 
 HEADS, HEAD_DIM = 12, 64
@@ -65,13 +66,8 @@ def _cpu_time_ratio(ours, sdpa, repeats: int) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ours(), sdpa()
-        t = {"fastenc": [], "sdpa": []}
-        for _ in range(max(9, repeats)):
-            for name, fn in (("fastenc", ours), ("sdpa", sdpa)):
-                t0 = time.thread_time()
-                fn()
-                t[name].append(time.thread_time() - t0)
+        t = timing.interleaved({"fastenc": ours, "sdpa": sdpa}, "cpu", warmup=1, repeats=max(9, repeats),
+                               clock=time.thread_time)
     finally:
         torch.set_num_threads(threads)
     med = {k: sorted(v)[len(v) // 2] for k, v in t.items()}
@@ -126,7 +122,8 @@ def memory_subprocess(seqs: list[int], with_ref: bool, threads: int) -> list[dic
     """Run `memory` in a fresh process whose allocator maps every block >= 64 KiB afresh (glibc's
     MALLOC_MMAP_THRESHOLD_), so the resident-set peak shows each call's own allocations instead of reused heap."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, __file__, "--memory-only", ",".join(map(str, seqs)), "--threads", str(threads)]
+    cmd = [sys.executable, "-m", "fastenc.benchmark.attention_cpu", "--memory-only", ",".join(map(str, seqs)),
+           "--threads", str(threads)]
     if not with_ref:
         cmd.append("--no-reference")
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
@@ -196,22 +193,21 @@ def plot(rows: list[dict], mem: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2, help="torch and OpenMP threads (default 2)")
-    p.add_argument("--repeats", type=int, default=7)
+COMMAND = "attention-cpu"
+HELP = ("the CPU attention kernel vs torch SDPA at equal shapes and the varlen batch, and its peak memory against "
+        "sequence length (--quick: seq 128/512, memory to 4096)")
+
+
+def add_arguments(p) -> None:
+    options.no_plots(p)
     p.add_argument("--tokens", type=int, default=2048, help="tokens per equal-shape batch")
     p.add_argument("--no-reference", action="store_true", help="skip the (slow, seq^2 memory) reference")
-    p.add_argument("--quick", action="store_true", help="seq 128/512 only, fewer repeats, memory to 4096")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
-    p.add_argument("--memory-only", metavar="SEQS", help=argparse.SUPPRESS)  # the memory subprocess
-    a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
+
+
+def command(a, device: str, dtype, out: Path) -> dict:
     with_ref = not a.no_reference
-    if a.memory_only:
-        print(json.dumps(memory([int(s) for s in a.memory_only.split(",")], with_ref)))
-        return 0
-    repeats = 3 if a.quick else a.repeats
+    repeats = 3 if a.quick else a.repeats or 7
+    a.threads = torch.get_num_threads()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"attention on CPU, {a.threads} threads, fp32, heads {HEADS}, head_dim {HEAD_DIM}; load average "
           f"{load:.1f} (other work on the machine skews every provider alike: the timing is interleaved)")
@@ -232,13 +228,24 @@ def main(argv=None) -> int:
         grow = f1["seq"] / f0["seq"]
         print(f"memory growth seq {f0['seq']} -> {f1['seq']} (x{grow:.0f}): fastenc "
               f"{f0['fastenc_mib']:.1f} -> {f1['fastenc_mib']:.1f} MiB; one score matrix grows x{grow ** 2:.0f}")
-    out = Path(a.out)
     stem = f"attention-cpu-fp32-t{a.threads}"
-    report.write_json(out / f"{stem}.json", {**report.metadata("cpu", torch.float32, a.quick),
+    path = report.write_json(out / f"{stem}.json", {**report.metadata("cpu", torch.float32, a.quick),
                                             "load_average_1min": load, "results": rows, "memory": mem,
                                             "targets": verdict})
-    plot(rows, mem, out / f"{stem}.png", f"attention, CPU fp32, {a.threads} threads, heads {HEADS} x {HEAD_DIM}")
-    print(f"wrote {out / stem}.json and .png")
+    if not a.no_plots:
+        plot(rows, mem, out / f"{stem}.png", f"attention, CPU fp32, {a.threads} threads, heads {HEADS} x {HEAD_DIM}")
+    return {"files": [path] + ([] if a.no_plots else [out / f"{stem}.png"]), "failures": []}
+
+
+def main(argv=None) -> int:
+    """The memory subprocess: `--memory-only SEQS [--threads N] [--no-reference]` prints its rows as JSON."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--memory-only", metavar="SEQS", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-reference", action="store_true")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    print(json.dumps(memory([int(s) for s in a.memory_only.split(",")], not a.no_reference)))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The two suites behind `fastenc bench`: run, show a progress bar and a table, write JSON/CSV/PNG."""
+"""`fastenc bench models`: every model of fastenc.benchmark.models (one fresh process each when several run) with a
+progress bar, the throughput and batch-1 latency tables, and JSON + CSV + PNG plots in the output folder."""
 from __future__ import annotations
 
 import sys
@@ -8,80 +9,35 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from fastenc.benchmark import ceilings as _ceilings
-from fastenc.benchmark import isolated
-from fastenc.benchmark import kernels as _kernels
-from fastenc.benchmark import latency
+from fastenc.benchmark import isolated, latency, options, report
 from fastenc.benchmark import models as _models
-from fastenc.benchmark import report
+from fastenc.benchmark.options import UsageError
+
+COMMAND = "models"
+HELP = "encoders of every architecture vs transformers eager/sdpa/compile and ONNX Runtime"
+
+
+def add_arguments(p) -> None:
+    options.models(p, "comma-separated names of fastenc.benchmark.models.MODELS (bert-base, modernbert-base, "
+                   "vit-b16, deit-base, distilbert-base, ..., minilm)")
+    options.same_process(p)
+    options.providers(p, "comma-separated providers to keep: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime")
+    options.breakdown(p, "where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs alone, "
+                      "fastenc's ops, other ops, Python/dispatch), under torch.profiler")
+    options.workloads(p, "comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs)")
+    options.no_compile(p)
+    options.no_plots(p)
+
+
+def command(args, device: str, dtype: torch.dtype, out: Path) -> dict:
+    return bench_models(device, dtype, quick=args.quick, out=out, models=options.split(args.models),
+                        providers=options.split(args.providers), compile_hf=not args.no_compile,
+                        plots=not args.no_plots, note=args.note, isolate=False if args.same_process else None,
+                        breakdown=args.breakdown, workloads=options.split(args.workloads), rounds=args.rounds)
 
 
 def _log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
-
-
-def bench_kernels(device: str, dtype: torch.dtype, *, quick: bool, out: Path, ops=None, shapes=None,
-                  providers=None, compile_ref: bool = True, plots: bool = True, note: str | None = None) -> dict:
-    cases = _kernels.select_cases(quick, ops, shapes)
-    if not cases:
-        raise _kernels.UsageError("no kernel case matches --ops/--shapes")
-    meta = report.metadata(device, dtype, quick)
-    meta["note"] = note
-    t0 = time.perf_counter()
-    _log(f"measuring this machine's ceilings on {device} ...")
-    ceil = _ceilings.measure(device, dtype, quick)
-    _log(f"  copy bandwidth {ceil['copy_bandwidth']['value']:.3g} GB/s, "
-         f"GEMM {ceil['gemm_rate']['value']:.3g} TFLOP/s ({ceil['gemm_rate']['how']})")
-    rows: list[dict] = []
-    bar = tqdm(cases, desc="kernels", unit="case", file=sys.stderr, dynamic_ncols=True)
-    for case in bar:
-        bar.set_postfix_str(f"{case.op} {case.shape}"[:60])
-        rows += _kernels.run_case(case, device, dtype, ceil, quick=quick, compile_ref=compile_ref,
-                                  providers=set(providers) if providers else None)
-    bar.close()
-    meta["elapsed_s"] = time.perf_counter() - t0
-    failed = _kernels.failures(rows)
-    payload = {"suite": "kernels", **meta, "ceilings": ceil, "rows": rows, "failures": failed}
-    out.mkdir(parents=True, exist_ok=True)
-    files = [report.write_json(out / "kernels.json", payload), report.write_csv(out / "kernels.csv", rows)]
-    if plots:
-        files += _kernel_plots(out, rows, ceil, meta)
-    print(kernel_table(rows))
-    _print_failures(failed)
-    return {"payload": payload, "files": [f for f in files if f], "failures": failed}
-
-
-def _print_failures(failed: list[str]) -> None:
-    if failed:
-        print("\nFAILED (fastenc providers):\n" + "\n".join(f"  {f}" for f in failed))
-
-
-def kernel_table(rows: list[dict]) -> str:
-    timed = [r for r in rows if "median_ms" in r]
-    cols = [("op", "op"), ("shape", "shape"), ("provider", "provider"), ("median_ms", "median ms"),
-            ("q20_ms", "q20"), ("q80_ms", "q80"), ("gb_s", "GB/s"), ("tflop_s", "TFLOP/s"),
-            ("frac_of_ceiling", "of ceiling"), ("speedup_vs_eager", "x eager"), ("speedup_vs_sdpa", "x sdpa"),
-            ("speedup_vs_compile", "x compile"), ("max_abs_err_vs_reference", "max err")]
-    text = report.table(timed, cols)
-    skipped = [r for r in rows if "skipped" in r]
-    if skipped:
-        seen = {}
-        for r in skipped:
-            seen.setdefault((r["op"], r["provider"], r["skipped"]), 0)
-        text += "\n\nnot timed:\n" + "\n".join(f"  {op} {p}: {why}" for op, p, why in seen)
-    return text
-
-
-def _kernel_plots(out: Path, rows: list[dict], ceil: dict, meta: dict) -> list:
-    timed = [r for r in rows if "median_ms" in r]
-    groups = list(dict.fromkeys(f"{r['op']}\n{r['shape']}" for r in timed))
-    provs = list(dict.fromkeys(r["provider"] for r in timed))
-    vals = {(f"{r['op']}\n{r['shape']}", r["provider"]): r["frac_of_ceiling"] for r in timed}
-    where = f"{meta['machine']['cpu'] if meta['device'] == 'cpu' else meta['machine'].get('gpu', meta['device'])}, {meta['dtype']}"
-    return [report.plot_bars(out / "kernels_throughput.png", groups, provs, vals,
-                             "fraction of measured ceiling\n(copy GB/s or GEMM FLOP/s)",
-                             f"fastenc kernels vs baselines ({where})"),
-            report.plot_roofline(out / "kernels_roofline.png", timed, ceil, f"kernel roofline ({where})")]
 
 
 def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
@@ -89,7 +45,7 @@ def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, 
     """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
     an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
     transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
-    spec = {"model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+    spec = {"entry": "fastenc.benchmark.models:run_isolated", "model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
             "providers": list(wanted), "quick": bool(quick), "threads": int(threads), "breakdown": bool(breakdown),
             "only": only, "rounds": rounds}
     return isolated.run(spec, log, tick, step)
@@ -110,11 +66,11 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     workloads to run (fixed, varlen; default both; the batch-1 latency always runs)."""
     bad = sorted(set(workloads or ()) - {"fixed", "varlen", "latency"})
     if bad:
-        raise _kernels.UsageError(f"--workloads: unknown {bad}; known: fixed, varlen, latency")
+        raise UsageError(f"--workloads: unknown {bad}; known: fixed, varlen, latency")
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
-        raise _kernels.UsageError(f"--models: unknown {unknown}; known: {list(_models.MODELS)}")
+        raise UsageError(f"--models: unknown {unknown}; known: {list(_models.MODELS)}")
     if providers:
         wanted = providers
     elif quick:
@@ -164,7 +120,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
         files += _model_plots(out, rows, meta)
     print(model_table(results))
     print(latency_table(results))
-    _print_failures(failed)
+    report.print_failures(failed)
     return {"payload": payload, "files": [f for f in files if f], "failures": failed}
 
 

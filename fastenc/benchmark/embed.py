@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fastenc.benchmark import options, report, timing
+
 
 def _hf_same_batching(hf, tok_model, texts, max_length, max_batch_tokens, pooling, normalize):
     """transformers (sdpa) over the job's own token-budget batches, mean/CLS pooled like the job."""
@@ -89,9 +91,30 @@ def _memory_rows(tmp: Path, sizes, passages: list[str]) -> dict:
     return rows
 
 
+COMMAND = "embed"
+HELP = "the corpus job vs sentence-transformers and transformers (+ its peak memory and the Ray engine)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--passages", type=int, default=20000, help="passages to embed (default 20000)")
+    p.add_argument("--memory-sizes", default=None, help="comma-separated corpus sizes whose peak memory is measured "
+                   "in fresh processes (default 10000,40000; none with --quick; 0 for none)")
+    p.add_argument("--ray-actors", default=None, help="comma-separated actor counts for the Ray rows (default 1,2; "
+                   "none with --quick; 0 for none)")
+    p.add_argument("--no-throughput", action="store_true", help="skip the timed providers (memory and Ray rows only)")
+    options.providers(p, "comma-separated substrings of the providers to keep (e.g. 'fastenc embed,model.encode')")
+
+
+def command(args, device: str, dtype: torch.dtype, out: Path) -> dict:
+    rounds = 0 if args.no_throughput else args.rounds if args.rounds is not None else 1 if args.quick else 2
+    return bench_embed(out, n=args.passages, rounds=rounds,
+                       memory_sizes=options.ints(args.memory_sizes, () if args.quick else (10000, 40000)),
+                       ray_actors=options.ints(args.ray_actors, () if args.quick else (1, 2)),
+                       providers=options.split(args.providers), note=args.note)
+
+
 def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 2, memory_sizes=(10000, 40000),
                 ray_actors=(1, 2), providers=None, note: str | None = None) -> dict:
-    from fastenc.benchmark import report
     from fastenc.corpus.docstrings import docstring_passages
     from fastenc.corpus.job import default_model_path
 
@@ -163,15 +186,13 @@ def _time_providers(folder, texts: list[str], max_length: int, rounds: int, prov
     for fn in fns.values():
         fn(warm)
     results: dict = {}
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    loads = []
-    for r in range(rounds):
-        for k in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-            t0 = time.perf_counter()
-            got = fns[k](texts)
-            times[k].append(time.perf_counter() - t0)
-            results.setdefault(k, got)
-        loads.append(list(os.getloadavg()))
+    loads: list = []
+
+    def keep(k):  # one pass over the corpus; the first round's output is the one compared
+        return lambda: results.setdefault(k, fns[k](texts))
+    samples = timing.interleaved({k: keep(k) for k in fns}, "cpu", warmup=0, repeats=rounds,
+                                 on_round=lambda: loads.append(list(os.getloadavg())))
+    times = {k: [ms / 1e3 for ms in v] for k, v in samples.items()}
     base = results["fastenc embed"]
     model.tokenizer.enable_truncation(max_length)
     n_tokens = sum(len(e.ids) for e in model.tokenizer.encode_batch(texts))
