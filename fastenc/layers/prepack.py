@@ -1,39 +1,20 @@
-"""Prepacked weights for the CPU GEMMs of fastenc.layers.Linear in inference: the (out, in) fp32 weight is
-reordered once into oneDNN's blocked layout (torch.ops.mkldnn._reorder_linear_weight, the packing inductor's CPU
-weight freezing uses) and multiplied by torch.ops.mkldnn._linear_pointwise, so no call re-packs the weight panels
-the way an unpacked sgemm does on every call.
+"""Prepacked weights for the CPU GEMMs of fastenc.layers.Linear in inference, so no call re-packs the weight
+panels the way an unpacked sgemm does on every call.
 
-When the packed path runs (`use_packed`): CPU, fp32 activations and weight, x 2-D, a weight of at least MIN_WEIGHT
-elements (in x out), at least `min_rows(w)` rows of x (MIN_TOKENS for a weight of LARGE_WEIGHT elements or more,
-MIN_TOKENS_SMALL below), grad disabled (torch.no_grad / inference_mode; the weight may require grad: nothing is
-recorded), not under torch.compile tracing, weight not an inference tensor (its in-place writes would go unseen),
-FASTENC_PREPACK not "0", and the registry admitting the cpu backend (not under use_backend("reference")).
-Everything else, training included, takes the plain torch GEMM, and so does the residual form out += x @ W.T
-(Linear.accumulate_: addmm_ with beta = 1 measured faster than oneDNN's sum post-op into a new tensor).
-The rule is one size compare and one row compare per call. Its numbers come from `python -m
-fastenc.benchmark.gemm_pack` (plain vs packed interleaved per shape, bench/results/latency/gemm_pack*.json) and
-from whole-model batch-1 runs: at 1 row the packed call loses several-fold (oneDNN's fixed cost per call); at 16
-rows BERT-base's large weights (QKV 2304 x 768, fc1, fc2: 1.8M-2.4M elements) gain ~2x on two threads while
-MiniLM's (384 x 384 blocks, 384 x 1536: 147k-590k) gain nothing and lose whole-model (MiniLM 1 x 16 ran 0.88x
-with packing from 16 rows); from 64-128 rows packing wins at every BERT-base and MiniLM shape (most at 128-512
-rows, a few per cent at 2048). One thread gains nothing from packing at 16-128 rows: the gain is in how oneDNN
-splits a small GEMM over threads.
+With fastenc's extension loaded (any model forward loads it), the weight is packed once into 16-column panels for
+fastenc's own GEMM (csrc/cpu/gemm.cpp through fastenc.ops.direct, `use_panels`), at every row count; it also does
+the residual form out += x @ W.T in place and takes the bias and the MLP's GELU into its epilogue. Without the
+extension the (out, in) fp32 weight is reordered into oneDNN's blocked layout (torch.ops.mkldnn
+._reorder_linear_weight) and multiplied by torch.ops.mkldnn._linear_pointwise, from `min_rows(w)` rows of x
+(MIN_TOKENS for a weight of LARGE_WEIGHT elements or more, MIN_TOKENS_SMALL below) and weights of MIN_WEIGHT
+elements or more: oneDNN's fixed cost per call loses at a few rows.
 
-With fastenc's extension loaded (any model forward loads it), neither runs: fastenc's own GEMM (csrc/cpu/gemm.cpp,
-`use_panels`) multiplies x by the weight packed once into 16-column panels (AVX2), at every row count. Measured
-single-threaded with thread CPU time (python -m fastenc.benchmark.gemm_pack --threads 1, BERT-base's and MiniLM's
-shapes; load ~10): at 16 rows it took 0.66-0.90x the time of the better of MKL's sgemm and oneDNN's packed GEMM, at
-1 row 0.64-1.12x (1.12x at 1 x 3072 x 768 only), at 32-64 rows 0.69-0.93x, at 128 rows 0.80-0.97x. Above 128 rows it
-blocks x by rows and K (gemm.cpp, "Blocking"). On two threads, cycling through 12 layers' weights (`--threads 2
---layers 12`), the better of sgemm and oneDNN took 1.00-1.22x its time at every BERT-base and MiniLM shape at 256,
-1024 and 3200 rows on a quiet VM (GEMM rates 150-190 GFLOP/s), and oneDNN's packed GEMM lost to the plain sgemm at
-1024 and 3200 rows; the run from a clean tree (bench/results/latency/gemm_pack_tall.json, f07cd1c), in a noisier
-phase of the VM (105-186 GFLOP/s), gave 0.86-1.24x at 256-3200 rows (median 1.07x; the panels behind at 7 of 21
-cases, by 1-14 %) and 1.00-1.42x at 128. Whole models (bench/panel_rule_ab.py, f07cd1c, one process): BERT-base's
-forward with the panels at every row count took 1/1.08 of the time it took with them up to 128 rows only, at
-8 x 128 and variable length alike (bench/results/models-panels-f07cd1c/panel_rule_ab.txt). It also does the residual
-form out += x @ W.T in place and takes the bias and the MLP's GELU into its epilogue. The oneDNN path is what a call
-takes with the extension not loaded (and FASTENC_PREPACK not "0").
+A packed path runs only for CPU fp32 activations and weight, x 2-D, grad disabled (torch.no_grad /
+inference_mode; the weight may require grad: nothing is recorded), not under torch.compile tracing, a weight that
+is not an inference tensor (its in-place writes would go unseen), FASTENC_PREPACK not "0", and the registry
+admitting the cpu backend (not under use_backend("reference")); everything else, training included, takes the
+plain torch GEMM. The rule is one size compare and one row compare per call; the measurements behind its
+thresholds are in bench/results/HISTORY.md (`python -m fastenc.benchmark.gemm_pack`, bench/results/latency/gemm_pack*.json).
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
