@@ -14,7 +14,8 @@ inference_mode; the weight may require grad: nothing is recorded), not under tor
 is not an inference tensor (its in-place writes would go unseen), FASTENC_PREPACK not "0", and the registry
 admitting the cpu backend (not under use_backend("reference")); everything else, training included, takes the
 plain torch GEMM. The rule is one size compare and one row compare per call; the measurements behind its
-thresholds are in bench/results/HISTORY.md (`python -m fastenc.benchmark.gemm_pack`, bench/results/latency/gemm_pack*.json).
+thresholds (`python -m fastenc.benchmark.gemm_pack`) are in bench/results/HISTORY.md and
+bench/results/latency/gemm_pack*.json.
 
 The pack is a cache beside the plain weight, never a parameter or buffer: state_dict, save_pretrained, .to(),
 deepcopy/pickle and training see the plain tensor only. It is keyed on the weight object (a weak reference), its
