@@ -10,7 +10,6 @@ bookkeeping that the trainable adapters (fastenc.lora_train) and the model metho
 from __future__ import annotations
 
 import contextvars
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from fastenc import ops
+from fastenc.files import read_json
 from fastenc.layers.linear import Linear
 
 SCALE_NAME = "scale = lora_alpha / r (use_rslora: lora_alpha / sqrt(r))"
@@ -83,12 +83,7 @@ def read_adapter(source, peft_adapter: str | None = None) -> tuple[dict, dict[st
         cfg_path = folder / "adapter_config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"load_lora: {folder} has no adapter_config.json (expected a PEFT adapter folder)")
-        try:
-            config = json.loads(cfg_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"load_lora: {cfg_path} is not valid JSON: {e}") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"load_lora: {cfg_path} must hold a JSON object, got {type(config).__name__}")
+        config = read_json(cfg_path, "load_lora")
         st_path, bin_path = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
         if not st_path.is_file() and not bin_path.is_file():
             raise FileNotFoundError(f"load_lora: {folder} has no adapter_model.safetensors or adapter_model.bin")

@@ -2,13 +2,13 @@
 tokenizer.json), batch by length, run packed, pool (CLS or mean) and optionally L2-normalize."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from fastenc.files import read_json
 from fastenc.padding import PackedBatch
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -101,18 +101,6 @@ def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     return order, batches
 
 
-def _json_object(path: Path, kind: type = dict):
-    """A JSON file that must hold a `kind` (object or list): its value, or a ValueError naming the file."""
-    try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"load_tokenizer: {path} is not valid JSON: {e}") from None
-    if not isinstance(value, kind):
-        raise ValueError(f"load_tokenizer: {path} must hold a JSON {'object' if kind is dict else 'list'}, got "
-                         f"{type(value).__name__}")
-    return value
-
-
 class TextEncoderMixin:
     """`encode()` for the text encoders. The model class provides `_encode(ids, mask, types) -> (x, PackedBatch)`."""
 
@@ -137,15 +125,15 @@ class TextEncoderMixin:
             tok.no_truncation()
         pool_cfg = folder / "1_Pooling" / "config.json"
         if pool_cfg.is_file():
-            p = _json_object(pool_cfg)
+            p = read_json(pool_cfg, "load_tokenizer")
             defaults["pooling"] = "cls" if p.get("pooling_mode_cls_token") else "mean"
         mods = folder / "modules.json"
         if mods.is_file():
-            m = _json_object(mods, list)
+            m = read_json(mods, "load_tokenizer", list)
             defaults["normalize"] = any(isinstance(e, dict) and "Normalize" in str(e.get("type", "")) for e in m)
         st_cfg = folder / "sentence_bert_config.json"
         if st_cfg.is_file():
-            defaults["max_length"] = _json_object(st_cfg).get("max_seq_length")
+            defaults["max_length"] = read_json(st_cfg, "load_tokenizer").get("max_seq_length")
         from fastenc.models.scoring import read_activation
 
         act = read_activation(folder)

@@ -10,6 +10,7 @@ from typing import Mapping
 import torch
 from torch.overrides import TorchFunctionMode
 
+from fastenc.files import read_json
 from fastenc.models import architecture, convert
 
 
@@ -186,13 +187,7 @@ def from_pretrained(path, device=None, dtype=None):
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"from_pretrained: {cfg_file} not found")
-    try:
-        d = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"from_pretrained: {cfg_file} is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"from_pretrained: {cfg_file} must hold a JSON object (a config), got a "
-                         f"{type(d).__name__}")
+    d = read_json(cfg_file, "from_pretrained", what=" (a config)")
     archs = d.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ValueError(f"from_pretrained: {cfg_file}: architectures must be a list of class names, got {archs!r}")

@@ -158,7 +158,7 @@ def test_corrupt_adapter_files_are_named(bert_adapter, tmp_path):
     with pytest.raises(ValueError, match=r"cfg/adapter_config.json is not valid JSON"):
         fe.load_lora(cfg_bad)
     (cfg_bad / "adapter_config.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match=r"cfg/adapter_config.json must hold a JSON object, got list"):
+    with pytest.raises(ValueError, match=r"cfg/adapter_config.json must hold a JSON object, got a list"):
         fe.load_lora(cfg_bad)
     st_bad = _edit(folder, tmp_path / "st")
     data = (st_bad / "adapter_model.safetensors").read_bytes()

@@ -224,7 +224,7 @@ def test_corrupt_tokenizer_files_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"modules.json is not valid JSON"):
         fastenc.from_pretrained(tmp_path)
     (tmp_path / "modules.json").write_text("{\"type\": \"Normalize\"}")
-    with pytest.raises(ValueError, match=r"modules.json must hold a JSON list, got dict"):
+    with pytest.raises(ValueError, match=r"modules.json must hold a JSON list, got a dict"):
         fastenc.from_pretrained(tmp_path)
 
 
