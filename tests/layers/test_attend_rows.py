@@ -43,7 +43,9 @@ def test_rows_equal_the_full_attention(window, rope):
     (want * dy).sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(attn.named_parameters(), attn_b.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+        # a weight's gradient sums over every token: fp32 rounding grows with its largest entry
+        scale = 1.0 if q.grad is None else max(1.0, float(q.grad.abs().max()))
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 
 def test_first_rows_with_empty_sequences():

@@ -91,13 +91,15 @@ def test_memory_held_stays_bounded_when_shapes_change():
 
 def test_threads_share_the_cache_safely():
     xs = [torch.randn(BIG) for _ in range(4)]
-    refs = [gelu_ref(x) for x in xs]
+    refs = [fastenc.ops.gelu(x, backend="cpu").clone() for x in xs]  # each computed alone
+    for x, ref in zip(xs, refs):
+        testing.assert_close(ref, gelu_ref(x))
     errors = []
 
     def work(i):
         for _ in range(20):
             y = fastenc.ops.gelu(xs[i], backend="cpu")
-            if not torch.allclose(y, refs[i], rtol=1e-5, atol=1e-6):
+            if not torch.equal(y, refs[i]):  # the kernel is deterministic: any other bit is another call's write
                 errors.append(i)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
