@@ -4,6 +4,7 @@
   ops, use_backend                       the ops and the backend choice (fastenc.ops, fastenc.registry)
   backends / reference / kernels         backend declarations, torch references, Triton kernels; csrc/ (C++)
   layers, models, lora                   blocks, architectures and heads, PEFT LoRA (lora_files, lora_train)
+  quantize, dequantize                   int8 inference on CPU (fastenc.quant)
   corpus, serve, benchmark               the corpus embedding job, the HTTP server, benchmarks (fastenc bench)
   cli, run, finetune, testing            the command line and its programs; the tolerance rule and test cases
 """
@@ -20,10 +21,28 @@ def from_hf(hf_model, copy: bool = True):
     return _from_hf(hf_model, copy=copy)
 
 
-def from_pretrained(path, device=None, dtype=None):
-    """fastenc model from a local Hugging Face folder, without importing transformers (see fastenc.models)."""
+def from_pretrained(path, device=None, dtype=None, quantize: str | None = None):
+    """fastenc model from a local Hugging Face folder, without importing transformers (see fastenc.models).
+    quantize="int8": then fastenc.quantize(model, "int8") (CPU fp32 inference)."""
     from fastenc.models.loading import from_pretrained as _from_pretrained
-    return _from_pretrained(path, device=device, dtype=dtype)
+    model = _from_pretrained(path, device=device, dtype=dtype)
+    if quantize is not None:
+        from fastenc.quant import quantize as _quantize
+        _quantize(model.eval(), quantize)
+    return model
+
+
+def quantize(model, mode: str = "int8", *, keep=(), asym: bool = True):
+    """Quantize a fastenc model's encoder linear layers to int8 in place (CPU fp32 inference; reversible with
+    dequantize; see fastenc.quant.model). keep: layer names or patterns kept in fp32. Returns the model."""
+    from fastenc.quant import quantize as _quantize
+    return _quantize(model, mode, keep=keep, asym=asym)
+
+
+def dequantize(model):
+    """Undo quantize: the model runs on its (unchanged) fp32 weights again. Returns the model."""
+    from fastenc.quant import dequantize as _dequantize
+    return _dequantize(model)
 
 
 def accelerate(hf_model, copy: bool = False):
@@ -60,4 +79,5 @@ def empty_cache() -> None:
     _empty_cache()
 
 
-__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "embed", "empty_cache", "__version__"]
+__all__ = ["ops", "use_backend", "from_hf", "from_pretrained", "accelerate", "embed", "quantize", "dequantize",
+           "empty_cache", "__version__"]

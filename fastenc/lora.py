@@ -24,6 +24,7 @@ import torch
 
 from fastenc.lora_files import (KEEP, SCALE_NAME, Full, Piece, State, check_config, check_finite, merged_values,
                                 plan, read_adapter, state_of, target_table, write_merged)
+from fastenc.quant.model import refuse
 from fastenc.lora_train import (LoraAdapter, LoraLinear, adapters_from_plan, add_lora, attach, default_targets, detach,
                                 merge_trained, save_lora, set_trainable)
 
@@ -49,6 +50,7 @@ class LoraMixin:
         require grad, every base parameter is frozen, so training continues from it (save_lora writes it back).
         Returns the name. Raises (and changes nothing) on a bad adapter: see `plan`.
         """
+        refuse(self, "load_lora")
         if not isinstance(merge, bool):
             raise TypeError(f"load_lora: merge must be a bool, got {type(merge).__name__}")
         if not isinstance(safe_merge, bool):
@@ -165,6 +167,7 @@ class LoraMixin:
         Returns the adapter name. Raises before any change on bad input (unknown target, r < 1, lora_alpha <= 0,
         a used adapter_name).
         """
+        refuse(self, "add_lora")
         return add_lora(self, r, lora_alpha, target_modules, lora_dropout, adapter_name, modules_to_save, use_rslora)
 
     def save_lora(self, folder, adapter_name: str | None = None):

@@ -83,10 +83,11 @@ class SelfAttention(nn.Module):
         The n queries run in plain PyTorch (fp32 math, softmax over the visible keys), n x keys scores in all; a
         query whose sequence is empty gets zeros. Attention-probability dropout belongs to the attention kernels
         (the mask regenerated in their backward, never stored), so in training with dropout on, as with a Wqkv
-        carrying unmerged adapters, the layer runs whole (attend(), then the rows)."""
+        carrying unmerged adapters or int8 weights, the layer runs whole (attend(), then the rows)."""
         h, heads, d = self.hidden, self.heads, self.head_dim
         n, t = rows.numel(), x.shape[0]
-        if type(self.Wqkv) is not Linear or n == 0 or t == 0 or (self.training and self.dropout > 0):
+        if (type(self.Wqkv) is not Linear or self.Wqkv.int8 is not None or n == 0 or t == 0
+                or (self.training and self.dropout > 0)):
             return gather_rows(self.attend(x, cu_seqlens, max_seqlen, rope), rows)
         w, b = self.Wqkv.weight, self.Wqkv.bias
         q = F.linear(gather_rows(x, rows), w[:h], None if b is None else b[:h]).view(n, heads, d)

@@ -26,7 +26,11 @@ from fastenc.layers import prepack
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T (+ bias). x: (..., in_features) -> (..., out_features), any float dtype of the weight."""
+    """y = x @ weight.T (+ bias). x: (..., in_features) -> (..., out_features), any float dtype of the weight.
+    int8: the layer's int8 form (fastenc.quant.Int8Weight) once fastenc.quantize chose it for this layer: every call
+    then runs the int8 GEMM (CPU fp32 inference only); None: fp32."""
+
+    int8 = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__()
@@ -37,6 +41,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         w = self.weight
+        if self.int8 is not None:
+            return self._int8().linear(w, x, bias)
         if prepack.use_panels(x, w):
             return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, bias,
                                       extension.buffer_empty((x.shape[0], self.out_features), x))
@@ -57,6 +63,13 @@ class Linear(nn.Module):
         self.__dict__.pop("_pack", None)
         self.__dict__.pop("_panels", None)
         return super()._apply(fn, *args, **kwargs)
+
+    def _int8(self):
+        """The int8 form, after checking the call is one it serves (eval mode, CPU fp32 input)."""
+        if self.training:
+            raise RuntimeError("Linear: this layer is int8-quantized (inference only) but in train mode; call "
+                               "fastenc.dequantize(model) to train, or model.eval()")
+        return self.int8
 
     def _views(self, parts: int) -> "_Views":
         """The per-part weight.T and bias views of an inference call (kept between calls, see _Views)."""
@@ -79,6 +92,8 @@ class Linear(nn.Module):
         block is left interleaved per token). CPU; x: (tokens, in). An inference form (the planes may come from the
         buffer cache): the caller takes it only when autograd does not record the call."""
         w = self.weight
+        if self.int8 is not None:
+            return self._int8().planes(w, self.bias, x, parts)
         views = self._views(parts)
         if prepack.use_panels(x, w):
             n = self.out_features // parts
@@ -104,6 +119,9 @@ class Linear(nn.Module):
         """gelu(x @ weight.T + bias) with the bias and the GELU ("none" | "tanh") in the panel GEMM's epilogue, or
         None where that GEMM does not run (prepack.use_panels)."""
         w = self.weight
+        if self.int8 is not None:
+            return self._int8().linear(w, x, self.bias, extension.buffer_empty((x.shape[0], self.out_features), x),
+                                       gelu=approximate)
         if not prepack.use_panels(x, w):
             return None
         return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, self.bias,
@@ -119,6 +137,8 @@ class Linear(nn.Module):
         (fastenc's panel GEMM when prepack.use_panels, else the plain GEMM: with beta = 1 it beats oneDNN's packed
         one, which cannot accumulate in place.)"""
         w = self.weight
+        if self.int8 is not None:
+            return self._int8().linear(w, x, None, out, accumulate=True)
         if prepack.use_panels(x, w) and out.dtype == torch.float32 and out.stride(-1) == 1:
             return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, None, out, True)
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:

@@ -35,6 +35,7 @@ from fastenc.layers.dropout import dropout
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
+from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
@@ -201,7 +202,7 @@ def _add_norm(norm: LayerNorm, linear: Linear, y: torch.Tensor, residual: torch.
                 return_residual=False)
 
 
-class BertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
+class BertModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: BertConfig):

@@ -55,8 +55,8 @@ def row_tokens(cu_seqlens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def _project(wqkv, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Rows lo:hi of the fused QKV projection of x (only those rows' GEMM for a plain Linear; a Linear carrying
-    unmerged adapters runs whole, adapters included)."""
-    if type(wqkv) is Linear:
+    unmerged adapters or int8 weights runs whole)."""
+    if type(wqkv) is Linear and wqkv.int8 is None:
         b = wqkv.bias
         return F.linear(x, wqkv.weight[lo:hi], None if b is None else b[lo:hi])
     return wqkv(x)[:, lo:hi]

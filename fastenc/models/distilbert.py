@@ -30,6 +30,7 @@ from fastenc.layers import LayerNorm, Linear, activation
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.mlp import check_activation
 from fastenc.lora import LoraMixin
+from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
@@ -128,7 +129,7 @@ def _drop(module: nn.Module, x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 
-class DistilBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
+class DistilBertModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
     task = "base"
     pooler = None  # (DistilBERT has no pooler)
 

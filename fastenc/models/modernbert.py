@@ -23,6 +23,7 @@ from fastenc import ops
 from fastenc.layers import GeGLUMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.lora import LoraMixin
+from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin
@@ -167,7 +168,7 @@ class ModernBertHead(nn.Module):
         return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
 
 
-class ModernBertModel(LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
+class ModernBertModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: ModernBertConfig):

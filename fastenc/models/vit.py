@@ -22,6 +22,7 @@ from torch import nn
 
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.lora import LoraMixin
+from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
@@ -80,7 +81,7 @@ class ViTLayer(nn.Module):
         return h, _dropped(self.mlp(y, out_bias=p > 0), self.mlp.fc2, p)
 
 
-class ViTModel(LoraMixin, SaveMixin, nn.Module):
+class ViTModel(QuantMixin, LoraMixin, SaveMixin, nn.Module):
     task = "base"
 
     def __init__(self, config: ViTConfig):
