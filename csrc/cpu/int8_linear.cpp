@@ -113,6 +113,15 @@ FASTENC_INLINE int32_t wrap_sub(int32_t a, int32_t z, int32_t c) {
   return static_cast<int32_t>(static_cast<uint32_t>(a) - static_cast<uint32_t>(z) * static_cast<uint32_t>(c));
 }
 
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+typedef float vfn __attribute__((vector_size(kLanes * 4)));
+
 // Zeros standing in for a missing bias (one add per element instead of a branch per row).
 alignas(64) const float kNoBias[kInt8Panel] = {};
 
@@ -217,12 +226,31 @@ void int8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, bool 
   for (int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * ldx;
     uint8_t* qr = q + i * ldq;
-    float mn = 0.f, mx = 0.f, bad = 0.f;  // bad: NaN when the row holds a NaN or an infinity (x * 0)
-#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : bad)
-    for (int64_t j = 0; j < k; ++j) {
-      mn = std::min(mn, xr[j]);
-      mx = std::max(mx, xr[j]);
-      bad += xr[j] * 0.f;
+    // min(x, 0), max(x, 0) and bad (NaN when the row holds a NaN or an infinity: x * 0) in GCC vectors of the
+    // machine's width, two of each (an `omp simd` reduction of the three ran scalar).
+    vfn mn0 = {}, mn1 = {}, mx0 = {}, mx1 = {}, bad0 = {}, bad1 = {};
+    int64_t j0 = 0;
+    for (; j0 + 2 * kLanes <= k; j0 += 2 * kLanes) {
+      vfn a, b;
+      std::memcpy(&a, xr + j0, sizeof a);
+      std::memcpy(&b, xr + j0 + kLanes, sizeof b);
+      mn0 = a < mn0 ? a : mn0;
+      mn1 = b < mn1 ? b : mn1;
+      mx0 = a > mx0 ? a : mx0;
+      mx1 = b > mx1 ? b : mx1;
+      bad0 += a * 0.f;
+      bad1 += b * 0.f;
+    }
+    float mn = 0.f, mx = 0.f, bad = 0.f;
+    for (int l = 0; l < kLanes; ++l) {
+      mn = std::min(mn, std::min(mn0[l], mn1[l]));
+      mx = std::max(mx, std::max(mx0[l], mx1[l]));
+      bad += bad0[l] + bad1[l];
+    }
+    for (; j0 < k; ++j0) {
+      mn = std::min(mn, xr[j0]);
+      mx = std::max(mx, xr[j0]);
+      bad += xr[j0] * 0.f;
     }
     float s = asym ? (mx - mn) / 254.f : std::max(mx, -mn) / 127.f;
     if (!(s > 0.f)) s = 1.f;  // a row of zeros
