@@ -38,6 +38,7 @@ import torch
 from fastenc.layers.steps import optimizer_steps
 from fastenc.models import architecture, losses
 from fastenc.models.loading import SUPPORTED, from_hf
+from fastenc.quant import model as quant_model
 
 # The arguments the fastenc path understands are each architecture's `inputs` plus its head's label arguments
 # (fastenc.models.architecture); any other set to a value other than None/False falls back to transformers (with
@@ -302,9 +303,11 @@ def _refresh(self, fe, entries) -> None:
 def _apply(self, fn, *args, **kwargs):
     # Move / cast the transformers modules, then rebuild the fastenc model on the result (shared tensors).
     res = type(self).__mro__[1]._apply(self, fn, *args, **kwargs)
-    if self.__dict__.get("_fastenc") is not None:
+    old = self.__dict__.get("_fastenc")
+    if old is not None:
         self.__dict__["_fastenc"] = from_hf(self, copy=self.__dict__.get("_fastenc_copy", False))
         self.__dict__["_fastenc_versions"] = {}
+        quant_model.carry(old, self.__dict__["_fastenc"])  # (int8 layers stay int8: the call then checks the device)
     return res
 
 

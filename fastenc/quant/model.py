@@ -20,19 +20,32 @@ MODES = ("int8",)
 _ENCODER = re.compile(r"(^|\.)layers\.\d+\.")  # a module inside an encoder block
 
 
+def _target(model: nn.Module) -> nn.Module:
+    """The fastenc model behind `model`: itself, or the one a fastenc.accelerate module runs."""
+    inner = model.__dict__.get("_fastenc")
+    return inner if isinstance(inner, nn.Module) else model
+
+
 def encoder_linears(model: nn.Module) -> dict[str, Linear]:
     """name -> each fastenc Linear inside an encoder block (`layers.<i>.` in its qualified name)."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, Linear) and _ENCODER.search(name)}
+    return {name: m for name, m in _target(model).named_modules() if isinstance(m, Linear) and _ENCODER.search(name)}
 
 
 def is_quantized(model: nn.Module) -> bool:
     """Whether any fastenc Linear of `model` runs on int8 weights."""
-    return any(isinstance(m, Linear) and m.int8 is not None for m in model.modules())
+    return any(isinstance(m, Linear) and m.int8 is not None for m in _target(model).modules())
 
 
 def quantized_layers(model: nn.Module) -> list[str]:
     """The qualified names of the Linears of `model` that run on int8 weights."""
-    return [name for name, m in model.named_modules() if isinstance(m, Linear) and m.int8 is not None]
+    return [name for name, m in _target(model).named_modules() if isinstance(m, Linear) and m.int8 is not None]
+
+
+def carry(old: nn.Module, new: nn.Module) -> None:
+    """Quantize the same layers of `new` (a rebuild of `old`, e.g. after .to()) as `old`'s, with its settings."""
+    for name, m in old.named_modules():
+        if isinstance(m, Linear) and m.int8 is not None:
+            new.get_submodule(name).int8 = Int8Weight(m.int8.asym)
 
 
 def quantize(model: nn.Module, mode: str = "int8", *, keep: Iterable[str] = (), asym: bool = True) -> nn.Module:
@@ -48,6 +61,7 @@ def quantize(model: nn.Module, mode: str = "int8", *, keep: Iterable[str] = (), 
         raise ValueError(f"quantize: mode must be one of {list(MODES)}, got {mode!r}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantize: model must be a torch.nn.Module (a fastenc model), got {type(model).__name__}")
+    outer = model
     if isinstance(keep, str):
         keep = (keep,)
     keep = tuple(keep)
@@ -61,6 +75,7 @@ def quantize(model: nn.Module, mode: str = "int8", *, keep: Iterable[str] = (), 
     if unmatched:
         raise ValueError(f"quantize: keep {unmatched} match no encoder layer; layers are named like "
                          f"{sorted(layers)[:4]}")
+    model = _target(model)
     if model.training:
         raise ValueError("quantize: the model is in train mode; int8 is for inference: call model.eval() first")
     for name, m in layers.items():
@@ -84,14 +99,14 @@ def quantize(model: nn.Module, mode: str = "int8", *, keep: Iterable[str] = (), 
         m.int8 = packed[name]
         for key in ("_pack", "_panels"):  # the fp32 packed copies are no longer used
             m.__dict__.pop(key, None)
-    return model
+    return outer
 
 
 def dequantize(model: nn.Module) -> nn.Module:
     """Return a quantized model to fp32 (its parameters never changed): every Linear runs on its fp32 weight again."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"dequantize: model must be a torch.nn.Module, got {type(model).__name__}")
-    for m in model.modules():
+    for m in _target(model).modules():
         if isinstance(m, Linear):
             m.int8 = None
     return model
