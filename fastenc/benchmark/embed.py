@@ -1,7 +1,8 @@
 """`fastenc bench embed`: the corpus job on real passages (docstrings of the installed packages) against
 sentence-transformers' `encode` (which also sorts by length) and transformers with the same token-budget batches,
-in one process, outputs checked (cosine >= 0.99999); the job's peak memory at two corpus sizes (fresh processes);
-and the Ray engine's throughput at 1 and 2 actors beside the in-process job on the same file."""
+in one process, outputs checked (cosine >= 0.99999); with --quantize int8 the job int8 beside them, every provider's
+agreement with fp32 sentence-transformers (cosine min and mean) beside its speed; the job's peak memory at two
+corpus sizes (fresh processes); and the Ray engine's throughput at 1 and 2 actors beside the in-process job."""
 from __future__ import annotations
 
 import json
@@ -103,21 +104,35 @@ def add_arguments(p) -> None:
                    "none with --quick; 0 for none)")
     p.add_argument("--no-throughput", action="store_true", help="skip the timed providers (memory and Ray rows only)")
     options.providers(p, "comma-separated substrings of the providers to keep (e.g. 'fastenc embed,model.encode')")
+    p.add_argument("--quantize", default=None, metavar="int8",
+                   help="also time the job int8 ('fastenc embed int8') and report every provider's agreement with "
+                        "fp32 sentence-transformers (the memory and Ray rows stay fp32)")
 
 
 def command(args, device: str, dtype: torch.dtype, out: Path) -> dict:
+    from fastenc.corpus import quantization
+
+    try:
+        quantize = quantization.check(args.quantize, "--quantize")
+        quantization.check_placement(quantize, device, dtype, "--quantize", ("--device ", "--dtype "))
+    except ValueError as e:
+        raise options.UsageError(str(e)) from None
     rounds = 0 if args.no_throughput else args.rounds if args.rounds is not None else 1 if args.quick else 2
     return bench_embed(out, n=args.passages, rounds=rounds,
                        memory_sizes=options.ints(args.memory_sizes, () if args.quick else (10000, 40000)),
                        ray_actors=options.ints(args.ray_actors, () if args.quick else (1, 2)),
-                       providers=options.split(args.providers), note=args.note)
+                       providers=options.split(args.providers), note=args.note, quantize=quantize)
 
 
 def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 2, memory_sizes=(10000, 40000),
-                ray_actors=(1, 2), providers=None, note: str | None = None) -> dict:
+                ray_actors=(1, 2), providers=None, note: str | None = None, quantize: str | None = None) -> dict:
+    """The benchmark (see the module docstring); quantize: None or 'int8' (adds the int8 job's row). Writes
+    embed.json and embed.csv under `out`; returns {"payload", "files"}."""
+    from fastenc.corpus import quantization
     from fastenc.corpus.docstrings import docstring_passages
     from fastenc.corpus.job import default_model_path
 
+    quantization.check(quantize, "bench_embed: quantize")
     folder = default_model_path()
     # the passages are read once (~2.7 ms each, a walk over every installed module's docstrings): the timed corpus
     # and the Ray rows take the first n, the memory corpora the first max(memory_sizes); none when nothing needs them
@@ -125,9 +140,11 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     limit = max([n if need_texts else 0, *memory_sizes])
     passages = list(docstring_passages(limit)) if limit > 0 else []
     texts = passages[:n] if need_texts else []
-    rows, loads = _time_providers(folder, texts, max_length, rounds, providers) if rounds > 0 else ([], [])
+    rows, loads, quant = _time_providers(folder, texts, max_length, rounds, providers, quantize) if rounds > 0 \
+        else ([], [], None)
     payload = {"suite": "embed", **report.metadata("cpu", torch.float32, False), "note": note, "n": n,
-               "max_length": max_length, "rounds": rounds, "loadavg_after_each_round": loads, "rows": rows}
+               "max_length": max_length, "rounds": rounds, "loadavg_after_each_round": loads, "quantize": quant,
+               "rows": rows}
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -137,9 +154,20 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
             payload["ray"] = _ray_rows(tmp, texts, ray_actors)
     out.mkdir(parents=True, exist_ok=True)
     files = [report.write_json(out / "embed.json", payload), report.write_csv(out / "embed.csv", rows)]
-    print(report.table(rows, [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
-                              ("fastenc_speedup", "fastenc x"), ("paired_speedup_median", "paired x"),
-                              ("cos_min_vs_fastenc", "min cos")]))
+    cols = [("provider", "provider"), ("texts_per_s", "texts/s"), ("tokens_per_s", "tokens/s"),
+            ("fastenc_speedup", "fastenc x"), ("paired_speedup_median", "paired x")]
+    if quantize:
+        cols += [("paired_speedup_vs_sentence_transformers", "x ST"), ("cos_min_vs_fastenc", "min cos fastenc"),
+                 ("cos_min_vs_sentence_transformers", "min cos ST"),
+                 ("cos_mean_vs_sentence_transformers", "mean cos ST")]
+    else:
+        cols += [("cos_min_vs_fastenc", "min cos")]
+    shown = [{k: (f"{v:.5f}" if k.startswith("cos_") and isinstance(v, float) else v) for k, v in r.items()}
+             for r in rows]  # cosines with 5 decimals (the table's 3 significant digits hide int8's error)
+    print(report.table(shown, cols))
+    if quant:
+        print(f"int8: {quant['layers']} linear layers, int8 GEMM path {quant['int8_path']}; ST = sentence-transformers' "
+              f"encode (fp32), x ST = its time over the provider's, paired by round")
     for key in ("peak_rss_mib_same_distribution", "peak_rss_mib_first_n"):
         if key in payload:
             print(f"RSS of the job alone (MiB) by corpus size, model loaded / peak ({key[13:].replace('_', ' ')}):",
@@ -149,16 +177,34 @@ def bench_embed(out: Path, n: int = 20000, max_length: int = 256, rounds: int = 
     return {"payload": payload, "files": files}
 
 
-def _time_providers(folder, texts: list[str], max_length: int, rounds: int, providers) -> tuple[list[dict], list]:
+def _agreement(ref: np.ndarray, other: np.ndarray) -> dict:
+    """Row-wise cosine of two (N, d) embedding arrays: {"cos_min", "cos_mean", "n"} (int8_peers.cosine_agreement,
+    the measure int8_accuracy applies to every int8 provider)."""
+    from fastenc.benchmark.int8_peers import cosine_agreement
+
+    return cosine_agreement(torch.from_numpy(np.asarray(ref)), torch.from_numpy(np.asarray(other)))
+
+
+def _time_providers(folder, texts: list[str], max_length: int, rounds: int, providers,
+                    quantize: str | None = None) -> tuple[list[dict], list, dict | None]:
     """Each provider embeds the whole corpus once per round (round order alternating), after a warm-up on a slice;
-    rows with texts/s, tokens/s, the speed ratio to fastenc's job (medians and per-round pairs) and the outputs'
-    agreement (min cosine)."""
+    rows with texts/s, tokens/s, the speed ratio to fastenc's job and to sentence-transformers' encode (medians
+    and per-round pairs) and the outputs' agreement (min cosine to fastenc's fp32 job; min and mean cosine to
+    sentence-transformers). quantize 'int8' adds the job on the int8 model ('fastenc embed int8'). Returns (rows,
+    load averages, the int8 model's quantization.describe() or None)."""
     import fastenc
+    from fastenc.corpus import quantization
 
     model = fastenc.from_pretrained(folder).eval()
     d = model.encode_defaults
     pooling, normalize = d.get("pooling", "mean"), d.get("normalize", False)
     fns: dict = {"fastenc embed": lambda t: fastenc.embed(t, model, max_length=max_length).embeddings}
+    quant = None
+    if quantize:
+        qmodel = fastenc.from_pretrained(folder).eval()
+        quantization.apply(qmodel, quantize, "--quantize")
+        quant = quantization.describe(qmodel)
+        fns[f"fastenc embed {quantize}"] = lambda t: fastenc.embed(t, qmodel, max_length=max_length).embeddings
     want = set(providers) if providers else None
     try:
         from sentence_transformers import SentenceTransformer
@@ -197,13 +243,16 @@ def _time_providers(folder, texts: list[str], max_length: int, rounds: int, prov
     model.tokenizer.enable_truncation(max_length)
     n_tokens = sum(len(e.ids) for e in model.tokenizer.encode_batch(texts))
     rows = []
-    ref_st = next((v for k, v in results.items() if k.startswith("sentence")), None)
+    st_name = next((k for k in results if k.startswith("sentence")), None)
+    ref_st = results[st_name] if st_name is not None else None
     for k, ts in times.items():
         med = statistics.median(ts)
+        agree = _agreement(ref_st, results[k]) if ref_st is not None else {}
         rows.append({"provider": k, "texts": len(texts), "tokens": n_tokens, "median_s": med,
                      "texts_per_s": len(texts) / med, "tokens_per_s": n_tokens / med,
                      "cos_min_vs_fastenc": _cos_min(results[k], base),
-                     "cos_min_vs_sentence_transformers": _cos_min(results[k], ref_st) if ref_st is not None else None})
+                     "cos_min_vs_sentence_transformers": agree.get("cos_min"),
+                     "cos_mean_vs_sentence_transformers": agree.get("cos_mean")})
     fe = next(r for r in rows if r["provider"] == "fastenc embed")
     for r in rows:
         r["fastenc_speedup"] = r["median_s"] / fe["median_s"]
@@ -211,7 +260,12 @@ def _time_providers(folder, texts: list[str], max_length: int, rounds: int, prov
         paired = [t / f for t, f in zip(times[r["provider"]], times["fastenc embed"])]
         r["paired_speedups"] = paired
         r["paired_speedup_median"] = statistics.median(paired)
-    return rows, loads
+        if st_name is not None:  # sentence-transformers' time over this provider's: > 1 is faster than it
+            vs_st = [s / t for t, s in zip(times[r["provider"]], times[st_name])]
+            r["speedup_vs_sentence_transformers"] = statistics.median(times[st_name]) / r["median_s"]
+            r["paired_speedups_vs_sentence_transformers"] = vs_st
+            r["paired_speedup_vs_sentence_transformers"] = statistics.median(vs_st)
+    return rows, loads, quant
 
 
 def _ray_rows(tmp: Path, texts: list[str], actors_list) -> list[dict]:

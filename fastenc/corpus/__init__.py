@@ -7,6 +7,7 @@ job on a Ray cluster. `fastenc.embed(...)` and `fastenc embed ...` are its front
   manifest.py   the manifest: settings, digests of the inputs consumed and of each shard; what a resume verifies
   job.py        the in-process engine (and in-memory results)
   ray_engine.py the same job on Ray Data (map_batches over an actor pool); Ray is imported only there
+  quantization.py the quantize option (int8): its check, fastenc.quantize after the load, its manifest record
   memory.py     glibc's mmap threshold pinned at job start, so the job's peak memory does not grow with the corpus
   docstrings.py a real-text corpus made offline from the installed Python packages' docstrings
   cli.py        `fastenc embed`
@@ -30,7 +31,7 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
           max_batch_size: int = 512, window: int = 4096, text_field: str = "text", id_field: str | None = None,
           on_bad: str = "error", device: str | None = None, dtype=None, resume: bool = False,
           overwrite: bool = False, progress: bool = False, engine: str = "local", address: str | None = None,
-          actors: int = 1, gpus_per_actor: float = 0.0, stdin_format: str = "txt"):
+          actors: int = 1, gpus_per_actor: float = 0.0, stdin_format: str = "txt", quantize: str | None = None):
     """Embed a corpus.
 
     texts_or_path: a list/iterable of strings, or a path (str or Path) to a .txt/.jsonl/.csv/.parquet file or a
@@ -50,6 +51,9 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
     on_bad: 'error' (default: raise naming the file and row) or 'skip' (count it in the summary).
     engine: 'local' or 'ray' (Ray Data over `actors` model actors; needs out= a .parquet path).
     stdin_format: 'txt', 'jsonl' or 'csv' for the input '-'.
+    quantize: None (fp32) or 'int8': the model runs int8 (fastenc.quantize after it loads, in each Ray actor on
+      Ray; CPU fp32 only). The manifest records it, so a resume refuses to change it. An in-memory model is
+      quantized for the job and returned to fp32 after it (one quantized already runs as it is).
     """
     from fastenc.corpus.job import Options, embed_in_memory, run
 
@@ -57,7 +61,7 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
         raise ValueError(f"embed: engine must be one of {ENGINES}, got {engine!r}")
     opts = Options(pooling=pooling, normalize=normalize, max_length=max_length, max_batch_tokens=max_batch_tokens,
                    max_batch_size=max_batch_size, window=window, text_field=text_field, id_field=id_field,
-                   on_bad=on_bad, progress=progress)
+                   on_bad=on_bad, progress=progress, quantize=quantize)
     if engine == "ray":
         from fastenc.corpus.ray_engine import run_ray
 

@@ -33,6 +33,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--actors", type=int, default=1, help="Ray: model actors")
     p.add_argument("--gpus-per-actor", type=float, default=0.0)
+    p.add_argument("--quantize", default=None, metavar="int8",
+                   help="run the model int8 (fastenc.quantize after it loads; CPU fp32 only); recorded in the "
+                        "manifest: --resume refuses to change it")
     p.set_defaults(func=main)
 
 
@@ -44,6 +47,11 @@ def main(args) -> int:
     from fastenc.corpus.job import EmbedInterrupted
 
     cli_checks.device(args.device)  # (the job checks its sizes itself, before any work)
+    from fastenc.corpus.quantization import check_option
+
+    if check_option(args.quantize, args.device, args.dtype) and args.engine == "ray" and args.gpus_per_actor:
+        raise cli_checks.UsageError(f"--quantize {args.quantize} runs on the CPU, got --gpus-per-actor "
+                                    f"{args.gpus_per_actor:g}")
     from fastenc.corpus.writers import WriteError
 
     inputs = args.inputs if len(args.inputs) > 1 else args.inputs[0]
@@ -57,7 +65,7 @@ def main(args) -> int:
               max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size, window=args.window,
               text_field=args.text_field, id_field=args.id_field, on_bad=args.on_bad, device=args.device,
               dtype=getattr(torch, args.dtype) if args.dtype else None, overwrite=args.overwrite,
-              progress=not args.no_progress, engine=args.engine)
+              progress=not args.no_progress, engine=args.engine, quantize=args.quantize)
     if args.engine == "ray":
         kw.update(address=args.address, actors=args.actors, gpus_per_actor=args.gpus_per_actor)
         if args.resume:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fastenc.corpus import manifest as mf
-from fastenc.corpus import writers
+from fastenc.corpus import quantization, writers
 from fastenc.corpus.batching import token_budget_batches
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
 from fastenc.corpus.readers import (BadRowError, MissingFieldError, Record, check_fields, id_type, iter_records,
@@ -68,6 +68,7 @@ class Options:
     id_field: str | None = None
     on_bad: str = "error"                 # 'error' | 'skip'
     progress: bool = False
+    quantize: str | None = None           # None (fp32) | 'int8': fastenc.quantize after the model loads
 
     def check(self) -> None:
         if self.pooling not in (None, "mean", "cls"):
@@ -82,6 +83,7 @@ class Options:
             raise ValueError(f"embed: on_bad must be 'skip' or 'error', got {self.on_bad!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise ValueError(f"embed: text_field must be a non-empty string, got {self.text_field!r}")
+        quantization.check(self.quantize, "embed: quantize")
 
 
 def default_model_path() -> Path:
@@ -109,6 +111,22 @@ def load_model(model=None, device: str | None = None, dtype: torch.dtype | None 
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
     return model.eval(), None
+
+
+@contextmanager
+def loaded(model, device, dtype, quantize: str | None):
+    """load_model, then the quantize option applied (quantization.apply). An in-memory model the job quantized is
+    returned to fp32 when the job ends (a folder's model belongs to the job)."""
+    quantization.check_placement(quantize, device, dtype, "embed: quantize")
+    m, folder = load_model(model, device, dtype)
+    done = quantization.apply(m, quantize, "embed: quantize")
+    try:
+        yield m, folder
+    finally:
+        if done and folder is None:
+            from fastenc.quant import dequantize
+
+            dequantize(m)
 
 
 def resolve_options(model, opts: Options) -> tuple[str, bool, int]:
@@ -246,20 +264,20 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
     opts.check()
     sources = _sources(inputs, stdin_format, opts)
     pin_mmap_threshold()
-    model, _ = load_model(model, device, dtype)
-    pooling, normalize, max_length = resolve_options(model, opts)
-    records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
-        else iter_texts(inputs, opts.on_bad)
-    ids, parts, summary = [], [], Summary()
-    bar = _progress(opts.progress, len(inputs) if sources is None and hasattr(inputs, "__len__") else None)
-    t0 = time.perf_counter()
-    for w in iter_windows(records, model, pooling, normalize, max_length, opts, _bar_update(bar, t0)):
-        ids.extend(r.id for r, k in zip(w.records, w.keep) if k)
-        parts.append(w.emb[w.keep])
-        summary.add(w.stats())
-        del w
-    if bar is not None:
-        bar.close()
+    with loaded(model, device, dtype, opts.quantize) as (model, _):
+        pooling, normalize, max_length = resolve_options(model, opts)
+        records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
+            else iter_texts(inputs, opts.on_bad)
+        ids, parts, summary = [], [], Summary()
+        bar = _progress(opts.progress, len(inputs) if sources is None and hasattr(inputs, "__len__") else None)
+        t0 = time.perf_counter()
+        for w in iter_windows(records, model, pooling, normalize, max_length, opts, _bar_update(bar, t0)):
+            ids.extend(r.id for r, k in zip(w.records, w.keep) if k)
+            parts.append(w.emb[w.keep])
+            summary.add(w.stats())
+            del w
+        if bar is not None:
+            bar.close()
     summary.seconds = time.perf_counter() - t0
     emb = np.concatenate(parts) if parts else np.empty((0, model.config.hidden_size), np.float32)
     return ids, emb, summary
@@ -284,7 +302,15 @@ def _params(folder, model, opts: Options, pooling, normalize, max_length, fmt, h
             "model_digest": mf.model_digest(model), "device": p.device.type, "pooling": pooling, "normalize": normalize, "max_length": max_length,
             "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,
             "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "format": fmt,
-            "dtype": str(p.dtype), "hidden": hidden, "id_type": ids}
+            "dtype": str(p.dtype), "hidden": hidden, "id_type": ids, "quantize": _quantize_params(model)}
+
+
+def _quantize_params(model) -> dict | None:
+    """The model's quantization as the resume compares it: mode, layers, kept layers, zero points. Not the int8 GEMM's
+    instruction-set path: every path gives the same integers and the same outputs (tests/ops/test_int8_linear.py),
+    so a job may resume on another CPU."""
+    q = quantization.describe(model)
+    return None if q is None else {k: v for k, v in q.items() if k != "int8_path"}
 
 
 def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype: torch.dtype | None = None,
@@ -300,7 +326,13 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
         writers.check_apart(out, inputs)
     writers.check_target(out, resume, overwrite)  # before the model loads
     pin_mmap_threshold()
-    model, folder = load_model(model, device, dtype)
+    with loaded(model, device, dtype, opts.quantize) as (model, folder):
+        return _run(inputs, out, model, folder, fmt, sources, resume, overwrite, opts)
+
+
+def _run(inputs, out: Path, model, folder, fmt: str, sources, resume: bool, overwrite: bool,
+         opts: Options) -> Summary:
+    """run() once the model is loaded (and quantized as asked)."""
     pooling, normalize, max_length = resolve_options(model, opts)
     hidden = int(model.config.hidden_size)
     ids = id_type(sources, opts.id_field)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fastenc.corpus import manifest as mf
-from fastenc.corpus import writers
+from fastenc.corpus import quantization, writers
 from fastenc.corpus.job import (EmbedInterrupted, Options, Summary, default_model_path, embed_ids,
                                 tokenize)
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
@@ -60,6 +60,7 @@ class _Embedder:
         self.model = fastenc.from_pretrained(folder, device=device,
                                              dtype=getattr(torch, dtype) if dtype else None).eval()
         self.opts = Options(**opts)
+        quantization.apply(self.model, self.opts.quantize, "embed: quantize")  # each actor its own model
         self.pooling, self.normalize, self.max_length = resolve_options(self.model, self.opts)
 
     def __call__(self, batch):
@@ -100,6 +101,9 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
         raise ValueError(f"embed: actors must be a positive int, got {actors!r}")
     if isinstance(gpus_per_actor, bool) or not isinstance(gpus_per_actor, (int, float)) or gpus_per_actor < 0:
         raise ValueError(f"embed: gpus_per_actor must be a number >= 0, got {gpus_per_actor!r}")
+    quantization.check_placement(opts.quantize, device, dtype, "embed: quantize")
+    if opts.quantize and gpus_per_actor:
+        raise ValueError(f"embed: quantize {opts.quantize} runs on the CPU, got gpus_per_actor={gpus_per_actor!r}")
     if not isinstance(inputs, (str, Path, list, tuple)) or str(inputs) == "-":
         raise ValueError("embed: engine='ray' reads files: give a file, a folder or a list of paths (not standard "
                          "input or in-memory texts)")
@@ -189,7 +193,7 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     params = {"engine": "ray", "model": str(folder.resolve()),
               "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
               "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden,
-              "id_type": ids_type}
+              "id_type": ids_type, "quantize": {"mode": opts.quantize} if opts.quantize else None}
     manifest = writers.prepare(out, params, mf.input_entries(sources), False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
@@ -204,7 +208,7 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     items = [{"path": str(b.source.path), "fmt": b.source.fmt, "prefix": b.source.prefix, "offset": b.offset,
               "first_row": b.first_row, "rows": b.rows, "str_ids": str_ids} for b in blocks]
     opt_dict = {k: getattr(opts, k) for k in ("max_batch_tokens", "max_batch_size", "window", "text_field",
-                                               "id_field", "on_bad")}
+                                               "id_field", "on_bad", "quantize")}
     opt_dict.update(pooling=pooling, normalize=normalize, max_length=max_length)  # the manifest's settings
     batches = iter(())
     if items:

@@ -1,6 +1,6 @@
 """`fastenc serve`: one model folder behind an HTTP endpoint (install with `pip install "fastenc[serve]"`).
 
-- settings.py  Limits: batching budgets, overload and payload limits, truncation, drain time, API key
+- settings.py  Limits: batching budgets, overload and payload limits, truncation, drain time, API key, quantize
 - service.py   the model, its kind (embed / classify / rerank / token labels), tokenizers, one forward per batch
 - batcher.py   the queue and the one model worker: batches cut by a budget of real tokens, run packed
 - schemas.py   request bodies (pydantic): OpenAI, TEI and Cohere/Jina shapes
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 def create_app(model_dir=None, **limits):
     """The ASGI app serving `model_dir` (None: the embedded all-MiniLM-L6-v2); limits: fastenc.serve.settings.Limits
-    fields. The model loads in the background when the app starts; /health answers 503 until it is warm."""
+    fields (quantize="int8" runs the model int8). The model loads in the background when the app starts; /health
+    answers 503 until it is warm."""
     from fastenc.serve.app import create_app as _create_app
     return _create_app(model_dir, **limits)
 

@@ -28,6 +28,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or FASTENC_API_KEY)")
     p.add_argument("--served-model-name", default=None, help="the model name requests may give")
     p.add_argument("--tokenization-workers", type=int, default=1)
+    p.add_argument("--quantize", default=None, metavar="int8",
+                   help="run the model int8 (fastenc.quantize after it loads, in each Ray replica; CPU only)")
     p.add_argument("--engine", choices=("uvicorn", "ray"), default="uvicorn")
     p.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (--engine ray)")
     p.add_argument("--address", default=None, help="Ray cluster address (--engine ray; default: a local one)")
@@ -37,18 +39,23 @@ def add_parser(subparsers) -> None:
 
 LIMIT_ARGS = ("max_batch_tokens", "max_batch_requests", "max_concurrent_requests", "max_client_batch_size",
               "payload_limit", "max_wait_ms", "auto_truncate", "max_input_length", "graceful_timeout", "api_key",
-              "served_model_name", "tokenization_workers")
+              "served_model_name", "tokenization_workers", "quantize")
 
 
 def check_args(args) -> str | None:
     """The first reason the arguments cannot work, else None (nothing loaded yet)."""
+    from fastenc import cli_checks
+    from fastenc.corpus.quantization import check_option
+
+    try:
+        check_option(args.quantize)  # (its value first: Limits would name it without the dashes)
+    except cli_checks.UsageError as e:
+        return f"serve: {e}"
     try:
         from fastenc.serve.settings import Limits
         Limits.make(**{k: getattr(args, k) for k in LIMIT_ARGS})
     except (TypeError, ValueError) as e:
         return str(e)
-    from fastenc import cli_checks
-
     if not 0 <= args.port <= 65535:
         return f"serve: --port must be in [0, 65535], got {args.port}"
     if args.replicas < 1:
@@ -60,6 +67,7 @@ def check_args(args) -> str | None:
     try:
         cli_checks.threads(args.threads)
         cli_checks.device(args.device)
+        check_option(args.quantize, args.device)
     except cli_checks.UsageError as e:
         return f"serve: {e}"
     try:

@@ -50,9 +50,11 @@ class Service:
         self.model = None
         self.kind = None
         self.loaded_at = None
+        self.quantization = None  # quantization.describe(model) once loaded: None for fp32
 
     # ---- loading -------------------------------------------------------------------------------------------
     def load(self) -> "Service":
+        from fastenc.corpus import quantization
         from fastenc.corpus.job import default_model_path
         from fastenc.corpus.memory import pin_mmap_threshold
         from fastenc.models.architecture import of_model
@@ -63,7 +65,10 @@ class Service:
         folder = Path(self.model_dir) if self.model_dir is not None else default_model_path()
         if not folder.is_dir():
             raise FileNotFoundError(f"serve: model folder {str(folder)!r} does not exist")
+        quantization.check_placement(self.limits.quantize, self.device, None, "serve: quantize")
         model = fastenc.from_pretrained(folder, device=self.device).eval()
+        quantization.apply(model, self.limits.quantize, "serve: quantize")
+        self.quantization = quantization.describe(model)
         spec = of_model(model)
         task = getattr(model, "task", "base")
         if spec.modality != "text" or task not in _KINDS:
@@ -227,5 +232,6 @@ class Service:
                 "max_concurrent_requests": lim.max_concurrent_requests,
                 "max_client_batch_size": lim.max_client_batch_size, "payload_limit": lim.payload_limit,
                 "auto_truncate": lim.auto_truncate, "max_wait_ms": lim.max_wait_ms,
-                "tokenization_workers": lim.tokenization_workers, "version": fastenc.__version__,
+                "tokenization_workers": lim.tokenization_workers, "quantization": self.quantization,
+                "version": fastenc.__version__,
                 "torch_threads": torch.get_num_threads()}

@@ -1,4 +1,5 @@
-"""The server's limits, checked once when the app is made (each error names the setting)."""
+"""The server's limits and settings (the model's quantization), checked once when the app is made (each error names
+the setting)."""
 from __future__ import annotations
 
 import os
@@ -20,6 +21,7 @@ class Limits:
     served_model_name: str | None = None   # the `model` name requests may give (default: the folder's name)
     tokenization_workers: int = 1          # threads tokenizing off the event loop and the model thread
     warmup: bool = True                    # one forward before /health turns 200
+    quantize: str | None = None            # None (fp32) | "int8": fastenc.quantize after the model loads (CPU fp32)
 
     def __post_init__(self):
         def positive_int(name, allow_none=False):
@@ -45,6 +47,9 @@ class Limits:
                              f"{self.graceful_timeout!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("serve: api_key must be a non-empty string or None")
+        from fastenc.corpus.quantization import check
+
+        check(self.quantize, "serve: quantize")
 
     @classmethod
     def make(cls, **kwargs) -> "Limits":

@@ -93,3 +93,32 @@ def test_validators_directly(tmp_path):
     assert cli_checks.output_folder(tmp_path) == tmp_path
     with pytest.raises(cli_checks.UsageError, match=r"--device must be cpu, cuda or cuda:N, got 'meta'"):
         cli_checks.device("meta")
+
+
+
+
+@pytest.mark.parametrize("argv", [["run", "--no-check", "--bench-size", "0"], ["embed", "in.txt", "--out", "o.npy"],
+                                  ["serve"]], ids=["run", "embed", "serve"])
+@pytest.mark.parametrize("value", ["int4", "fp32"])
+def test_bad_quantize(argv, value, capsys, no_work):
+    refused(capsys, argv + ["--quantize", value], "--quantize", "int8", repr(value))
+
+
+@pytest.mark.parametrize("argv,dtype", [(["run", "--no-check", "--bench-size", "0"], "fp16"),
+                                        (["embed", "in.txt", "--out", "o.npy"], "bfloat16")], ids=["run", "embed"])
+def test_quantize_refuses_other_dtypes(argv, dtype, capsys, no_work):
+    refused(capsys, argv + ["--quantize", "int8", "--dtype", dtype], "--quantize int8 runs in float32",
+            f"--dtype {dtype}")
+
+
+@pytest.mark.parametrize("extra,needles", [(["--quantize", "int4"], ["--quantize must be one of int8", "'int4'"]),
+                                           (["--quantize", "int8", "--dtype", "bf16"],
+                                            ["--quantize int8 runs in float32", "--dtype bfloat16"])],
+                         ids=["value", "dtype"])
+def test_bench_embed_quantize(extra, needles, capsys, monkeypatch):
+    """`fastenc bench embed` checks --quantize in its own command, before the benchmark starts."""
+    import fastenc.benchmark.embed as bench_embed
+
+    monkeypatch.setattr(bench_embed, "bench_embed", lambda *a, **k: pytest.fail("the benchmark ran before the check"))
+    line = refused(capsys, ["bench", "embed", "--device", "cpu", *extra], *needles)
+    assert line.startswith("fastenc bench: "), line

@@ -76,3 +76,25 @@ def test_run_nan_is_a_mismatch(monkeypatch, capsys):
     monkeypatch.setattr(run, "_hf_encode", lambda *a, **k: torch.full((12, 384), float("nan")))
     assert cli.main(["run", "--bench-size", "0", "--device", "cpu"]) == 1
     assert "[MISMATCH]" in capsys.readouterr().out
+
+
+def test_run_int8(capsys):
+    """--quantize int8: the int8 model's result checked against transformers by cosine, timed beside fp32."""
+    assert cli.main(["run", "--quantize", "int8", "--bench-size", "8", "--rounds", "1", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "int8: 24 linear layers quantized" in out and "run        cpu, float32" in out
+    m = re.search(r"check      int8 vs transformers \(sdpa, float32\): min cosine ([0-9.]+), mean cosine ([0-9.]+)"
+                  r".*\[ok\]", out)
+    assert m and 0.99 < float(m.group(1)) <= float(m.group(2)) <= 1.0 + 1e-6, out
+    for name in ("fastenc int8", "fastenc fp32", "transformers (sdpa)"):
+        assert re.search(rf"^  {re.escape(name)} +\d+ tokens/s", out, re.M), out
+    assert re.search(r"speedup \d+\.\d+x vs fastenc fp32\n", out) and re.search(r"speedup \d+\.\d+x vs transformers", out)
+
+
+def test_run_int8_low_cosine_exits_non_zero(monkeypatch, capsys):
+    from fastenc import run
+
+    monkeypatch.setattr(run, "_hf_encode", lambda *a, **k: torch.ones(12, 384))
+    assert cli.main(["run", "--quantize", "int8", "--bench-size", "0"]) == 1
+    cap = capsys.readouterr()
+    assert "[MISMATCH]" in cap.out and "fastenc run: the int8 embeddings' min cosine to transformers' is" in cap.err

@@ -56,3 +56,32 @@ def test_same_distribution_order_is_a_fixed_permutation():
     a, b = shuffled(texts, 0), shuffled(iter(texts), 0)
     assert a == b and sorted(a) == sorted(texts) and a != texts  # fixed for a seed, nothing lost or repeated
     assert shuffled(texts, 1) != a and texts == [f"passage {i}" for i in range(500)]  # input left as it was
+
+
+def test_bench_embed_int8_rows(tmp_path):
+    """--quantize int8: the int8 job's row beside fastenc fp32 and sentence-transformers, each with its agreement
+    with fp32 sentence-transformers (cosine min and mean) and its speed ratio to it, in the JSON and the CSV."""
+    import json
+
+    pytest.importorskip("sentence_transformers")
+    res = bench_embed(tmp_path, n=16, rounds=1, memory_sizes=(), ray_actors=(), quantize="int8",
+                      providers=["fastenc embed", "sentence-transformers"])
+    pay = json.loads((tmp_path / "embed.json").read_text())
+    assert pay["quantize"]["mode"] == "int8" and pay["quantize"]["layers"] == 24 and pay["quantize"]["int8_path"]
+    rows = {r["provider"]: r for r in pay["rows"]}
+    assert set(rows) == {"fastenc embed", "fastenc embed int8", "sentence-transformers (batch 32)"}
+    st, int8, fp32 = rows["sentence-transformers (batch 32)"], rows["fastenc embed int8"], rows["fastenc embed"]
+    assert st["cos_min_vs_sentence_transformers"] == pytest.approx(1.0, abs=1e-6)
+    assert fp32["cos_min_vs_sentence_transformers"] > 0.99999
+    assert 0.99 < int8["cos_min_vs_sentence_transformers"] <= int8["cos_mean_vs_sentence_transformers"] < 1.0
+    for r in rows.values():
+        assert r["texts"] == 16 and r["speedup_vs_sentence_transformers"] > 0
+        assert len(r["paired_speedups_vs_sentence_transformers"]) == 1
+    assert st["paired_speedup_vs_sentence_transformers"] == 1.0
+    assert "cos_mean_vs_sentence_transformers" in (tmp_path / "embed.csv").read_text().splitlines()[0]
+    assert res["payload"]["rows"] == pay["rows"]
+
+
+def test_bench_embed_bad_quantize(tmp_path):
+    with pytest.raises(ValueError, match="bench_embed: quantize must be one of int8"):
+        bench_embed(tmp_path, n=4, rounds=1, memory_sizes=(), ray_actors=(), quantize="int4")

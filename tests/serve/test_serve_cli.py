@@ -19,6 +19,8 @@ import pytest
     (["--max-wait-ms", "-1"], "max_wait_ms"),
     (["--replicas", "2"], "need --engine ray"),
     (["/nonexistent/model"], "is not a model folder"),
+    (["--quantize", "int4"], "--quantize must be one of int8 (or left out for fp32), got 'int4'"),
+    (["--quantize", "int8", "--device", "bogus"], "--device"),
 ])
 def test_bad_arguments(capsys, argv, words):
     from fastenc import cli
