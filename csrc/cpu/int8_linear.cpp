@@ -9,7 +9,9 @@
 // few panels and many rows, the 32-row blocks are); each thread takes its rows of q a chunk at a time (a chunk fits
 // in L2) and passes every 32-row block of the chunk over each of its panels in turn (a panel stays in L1/L2):
 // the microkernel leaves a 32 x 32 int32 tile in a thread-local buffer (in L1), which the epilogue turns into y
-// (scales, zero-point correction, bias, residual, GELU) while it is there.
+// (scales, zero-point correction, bias, residual, GELU) while it is there. The first row block of a chunk requests
+// the thread's next panel into L2 as it goes, so at a few rows (where the GEMM streams the weight) the next panel
+// is on its way while this one is computed.
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -33,9 +35,10 @@ namespace {
 
 // Multiply-adds below which the int8 GEMM runs on one thread, per path (a path's rate sets how long a GEMM of that
 // size takes: ~100 us of one core on AVX2 and VNNI at 2^22 and 2^23, on AMX at 2^26), unless the weight alone is
-// over kParallelMinInt8Weight bytes (a few-row GEMM then streams it from memory, which two cores read faster).
+// kParallelMinInt8Weight bytes or more (a few-row GEMM then streams it from L3 or memory, ~40 us a 256 KiB on one
+// core, and two cores read it faster: MiniLM's 384 x 1536 weights at 16 rows).
 constexpr int64_t kParallelMinInt8Macs[kInt8Isas] = {int64_t(1) << 22, int64_t(1) << 23, int64_t(1) << 26};
-constexpr int64_t kParallelMinInt8Weight = int64_t(1) << 20;
+constexpr int64_t kParallelMinInt8Weight = int64_t(1) << 18;
 // Rows of q (in 32-row blocks) whose panels pass runs before the next rows start: a thread's panels are read once per
 // chunk of q, and the chunk (half of a 2 MiB L2, at most) is read from L2 by each panel instead of from L3.
 constexpr int64_t kInt8ChunkBytes = int64_t(1) << 19;
@@ -51,7 +54,7 @@ bool amx_request() {
   return cpu_has_amx_int8() && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
-using BlockFn = void (*)(const uint8_t*, int64_t, int, const int8_t*, int64_t, int32_t*);
+using BlockFn = void (*)(const uint8_t*, int64_t, int, const int8_t*, int64_t, int32_t*, const int8_t*);
 
 BlockFn block_fn(Int8Isa isa) {
   switch (isa) {
@@ -84,9 +87,7 @@ void drive(const uint8_t* q, int64_t m, int64_t ldq, const uint8_t* packed, int6
   const int8_t* wp = reinterpret_cast<const int8_t*>(packed);
   const int64_t panel_len = kq * 4 * kInt8Panel;
   const int64_t chunk = std::max<int64_t>(1, kInt8ChunkBytes / (kInt8RowBlock * ldq));
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
+  auto work = [&](int64_t team, int64_t t) {
     // Few panels a thread and several row blocks each: split the row blocks instead (every thread all panels).
     const bool by_rows = panels < 2 * team && blocks >= team;
     const int64_t p0 = by_rows ? 0 : panels * t / team, p1 = by_rows ? panels : panels * (t + 1) / team;
@@ -99,12 +100,17 @@ void drive(const uint8_t* q, int64_t m, int64_t ldq, const uint8_t* packed, int6
         for (int64_t b = bc; b < std::min(b1, bc + chunk); ++b) {
           const int64_t i0 = b * kInt8RowBlock;
           const int rows = static_cast<int>(std::min<int64_t>(kInt8RowBlock, m - i0));
-          block(q + i0 * ldq, ldq, rows, wp + p * panel_len, kq, acc);
+          // the chunk's first row block requests the thread's next panel (module comment)
+          const int8_t* next = b == bc && p + 1 < p1 ? wp + (p + 1) * panel_len : nullptr;
+          block(q + i0 * ldq, ldq, rows, wp + p * panel_len, kq, acc, next);
           sink(acc, i0, rows, c0, ncols);
         }
       }
     if (isa == Int8Isa::kAmx && p0 < p1 && b0 < b1) int8_amx_end();
-  }
+  };
+  if (nt == 1) return work(1, 0);  // (no OpenMP region: a few-row call costs a few microseconds less)
+#pragma omp parallel num_threads(nt)
+  work(omp_get_num_threads(), omp_get_thread_num());
 }
 
 // a - z * c in 32-bit two's complement: exact whenever the true result fits in int32 (the header's K bound), its
@@ -174,7 +180,9 @@ const char* int8_isa_name(Int8Isa isa) {
   }
 }
 
-const char* int8_isa_unavailable(Int8Isa isa) {
+namespace {
+
+const char* isa_unavailable_now(Int8Isa isa) {
   switch (isa) {
     case Int8Isa::kAmx:
       if (!cpu_has_amx_int8()) return "this CPU has no AMX-INT8 (amx_tile, amx_int8)";
@@ -191,10 +199,23 @@ const char* int8_isa_unavailable(Int8Isa isa) {
   }
 }
 
+}  // namespace
+
+const char* int8_isa_unavailable(Int8Isa isa) {
+  // Asked once per path and process: CPUID exits to the hypervisor in a VM (microseconds a call).
+  static const char* const why[kInt8Isas] = {isa_unavailable_now(Int8Isa::kAvx2),
+                                             isa_unavailable_now(Int8Isa::kAvx512Vnni),
+                                             isa_unavailable_now(Int8Isa::kAmx)};
+  return why[static_cast<int>(isa)];
+}
+
 Int8Isa int8_isa_best() {
-  for (Int8Isa isa : {Int8Isa::kAmx, Int8Isa::kAvx512Vnni})
-    if (int8_isa_unavailable(isa) == nullptr) return isa;
-  return Int8Isa::kAvx2;
+  static const Int8Isa best = [] {
+    for (Int8Isa isa : {Int8Isa::kAmx, Int8Isa::kAvx512Vnni})
+      if (int8_isa_unavailable(isa) == nullptr) return isa;
+    return Int8Isa::kAvx2;
+  }();
+  return best;
 }
 
 void int8_pack(const int8_t* w, const float* wscale, int64_t n, int64_t k, uint8_t* out) {
@@ -218,54 +239,63 @@ void int8_pack(const int8_t* w, const float* wscale, int64_t n, int64_t k, uint8
   }
 }
 
+namespace {
+
+// One row of int8_quantize_rows: xr (k,) -> qr (kpad,), *scale, *zero.
+void quantize_row(const float* xr, int64_t k, int64_t kp, bool asym, uint8_t* qr, float* scale, int32_t* zero) {
+  // min(x, 0), max(x, 0) and bad (NaN when the row holds a NaN or an infinity: x * 0) in GCC vectors of the
+  // machine's width, two of each (an `omp simd` reduction of the three ran scalar).
+  vfn mn0 = {}, mn1 = {}, mx0 = {}, mx1 = {}, bad0 = {}, bad1 = {};
+  int64_t j0 = 0;
+  for (; j0 + 2 * kLanes <= k; j0 += 2 * kLanes) {
+    vfn a, b;
+    std::memcpy(&a, xr + j0, sizeof a);
+    std::memcpy(&b, xr + j0 + kLanes, sizeof b);
+    mn0 = a < mn0 ? a : mn0;
+    mn1 = b < mn1 ? b : mn1;
+    mx0 = a > mx0 ? a : mx0;
+    mx1 = b > mx1 ? b : mx1;
+    bad0 += a * 0.f;
+    bad1 += b * 0.f;
+  }
+  float mn = 0.f, mx = 0.f, bad = 0.f;
+  for (int l = 0; l < kLanes; ++l) {
+    mn = std::min(mn, std::min(mn0[l], mn1[l]));
+    mx = std::max(mx, std::max(mx0[l], mx1[l]));
+    bad += bad0[l] + bad1[l];
+  }
+  for (; j0 < k; ++j0) {
+    mn = std::min(mn, xr[j0]);
+    mx = std::max(mx, xr[j0]);
+    bad += xr[j0] * 0.f;
+  }
+  float s = asym ? (mx - mn) / 254.f : std::max(mx, -mn) / 127.f;
+  if (!(s > 0.f)) s = 1.f;  // a row of zeros
+  const float inv = 1.f / s;
+  const int32_t z = asym ? -127 - static_cast<int32_t>(std::nearbyint(mn * inv)) : 0;  // code of 0, minus 128
+#pragma omp simd
+  for (int64_t j = 0; j < k; ++j) {
+    int32_t c = static_cast<int32_t>(std::nearbyint(xr[j] * inv)) + z;
+    c = c < -127 ? -127 : (c > 127 ? 127 : c);
+    qr[j] = static_cast<uint8_t>(c + 128);
+  }
+  for (int64_t j = k; j < kp; ++j) qr[j] = 128;
+  *scale = bad == 0.f ? s : std::nanf("");  // a non-finite input makes its row's outputs NaN
+  *zero = z + 128;
+}
+
+}  // namespace
+
 void int8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, bool asym, uint8_t* q, int64_t ldq,
                         float* scale, int32_t* zero, int num_threads) {
   const int64_t kp = int8_kpad(k);
   const int nt = worth_parallel(m * k, kParallelMinElems) ? (num_threads > 0 ? num_threads : omp_get_max_threads()) : 1;
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xr = x + i * ldx;
-    uint8_t* qr = q + i * ldq;
-    // min(x, 0), max(x, 0) and bad (NaN when the row holds a NaN or an infinity: x * 0) in GCC vectors of the
-    // machine's width, two of each (an `omp simd` reduction of the three ran scalar).
-    vfn mn0 = {}, mn1 = {}, mx0 = {}, mx1 = {}, bad0 = {}, bad1 = {};
-    int64_t j0 = 0;
-    for (; j0 + 2 * kLanes <= k; j0 += 2 * kLanes) {
-      vfn a, b;
-      std::memcpy(&a, xr + j0, sizeof a);
-      std::memcpy(&b, xr + j0 + kLanes, sizeof b);
-      mn0 = a < mn0 ? a : mn0;
-      mn1 = b < mn1 ? b : mn1;
-      mx0 = a > mx0 ? a : mx0;
-      mx1 = b > mx1 ? b : mx1;
-      bad0 += a * 0.f;
-      bad1 += b * 0.f;
-    }
-    float mn = 0.f, mx = 0.f, bad = 0.f;
-    for (int l = 0; l < kLanes; ++l) {
-      mn = std::min(mn, std::min(mn0[l], mn1[l]));
-      mx = std::max(mx, std::max(mx0[l], mx1[l]));
-      bad += bad0[l] + bad1[l];
-    }
-    for (; j0 < k; ++j0) {
-      mn = std::min(mn, xr[j0]);
-      mx = std::max(mx, xr[j0]);
-      bad += xr[j0] * 0.f;
-    }
-    float s = asym ? (mx - mn) / 254.f : std::max(mx, -mn) / 127.f;
-    if (!(s > 0.f)) s = 1.f;  // a row of zeros
-    const float inv = 1.f / s;
-    const int32_t z = asym ? -127 - static_cast<int32_t>(std::nearbyint(mn * inv)) : 0;  // code of 0, minus 128
-#pragma omp simd
-    for (int64_t j = 0; j < k; ++j) {
-      int32_t c = static_cast<int32_t>(std::nearbyint(xr[j] * inv)) + z;
-      c = c < -127 ? -127 : (c > 127 ? 127 : c);
-      qr[j] = static_cast<uint8_t>(c + 128);
-    }
-    for (int64_t j = k; j < kp; ++j) qr[j] = 128;
-    scale[i] = bad == 0.f ? s : std::nanf("");  // a non-finite input makes its row's outputs NaN
-    zero[i] = z + 128;
+  if (nt == 1) {  // (no OpenMP region at all: a few-row call costs a few microseconds less)
+    for (int64_t i = 0; i < m; ++i) quantize_row(x + i * ldx, k, kp, asym, q + i * ldq, scale + i, zero + i);
+    return;
   }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < m; ++i) quantize_row(x + i * ldx, k, kp, asym, q + i * ldq, scale + i, zero + i);
 }
 
 void int8_gemm_raw(const uint8_t* q, int64_t m, int64_t ldq, const uint8_t* packed, int64_t n, int64_t k,

@@ -73,9 +73,13 @@ void int8_gemm(const uint8_t* q, int64_t m, int64_t ldq, const uint8_t* packed, 
 // The microkernels (int8_linear_isa.cpp): acc (rows x 32, row stride 32) = sum over kpad of q rows x one panel
 // (kq = kpad / 4 k-quads). rows <= kInt8RowBlock. AVX2 returns sum (q - 128) w (its sign trick works on signed
 // codes: the caller adds 128 * colsum); the others sum q w.
-void int8_block_avx2(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc);
-void int8_block_vnni(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc);
-void int8_block_amx(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc);
+// next: the panel to request into L2 meanwhile (nullptr: none).
+void int8_block_avx2(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
+                     const int8_t* next);
+void int8_block_vnni(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
+                     const int8_t* next);
+void int8_block_amx(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
+                    const int8_t* next);
 // AMX tile state of the calling thread: configured before int8_block_amx, released after the last one.
 void int8_amx_begin();
 void int8_amx_end();

@@ -107,11 +107,11 @@ Tensor int8_gemm_raw(const Tensor& q, int64_t m, const Tensor& packed, int64_t n
   return acc;
 }
 
-// y = the dequantized product (+ bias) (+ out when accumulate), then gelu: into out when given.
-Tensor gemm_into(const Tensor& q, const Tensor& xscale, const Tensor& xzero, const Tensor& packed, int64_t n,
-                 int64_t k, const OptTensor& bias, const OptTensor& out, bool accumulate,
-                 const std::optional<std::string>& gelu, const std::string& isa) {
-  const int64_t m = xscale.size(0);
+// y = the dequantized product (+ bias) (+ out when accumulate), then gelu: into out when given. q, xscale, xzero:
+// raw (checked by the caller), m rows.
+Tensor gemm_into(const uint8_t* q, int64_t ldq, const float* xscale, const int32_t* xzero, int64_t m,
+                 const Tensor& packed, int64_t n, int64_t k, const OptTensor& bias, const OptTensor& out,
+                 bool accumulate, const std::optional<std::string>& gelu, const std::string& isa) {
   TORCH_CHECK(!bias || (bias->device().is_cpu() && bias->scalar_type() == at::kFloat && bias->dim() == 1 &&
                         bias->size(0) == n),
               "int8: bias must be (", n, ",) float32 on the CPU");
@@ -124,14 +124,12 @@ Tensor gemm_into(const Tensor& q, const Tensor& xscale, const Tensor& xzero, con
   }
   const Int8Isa path = isa_of(isa);
   const auto act = act_of(gelu);
-  Tensor y = out ? *out : cpu_empty({m, n}, xscale.options());
+  Tensor y = out ? *out : cpu_empty({m, n}, packed.options().dtype(at::kFloat));
   const Tensor bc = bias ? bias->contiguous() : Tensor();
   if (m > 0) {
-    const fastenc_cpu::Int8Epilogue ep{xscale.data_ptr<float>(), xzero.data_ptr<int32_t>(),
-                                       bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+    const fastenc_cpu::Int8Epilogue ep{xscale, xzero, bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
                                        std::max<int64_t>(y.stride(0), 1), accumulate, act};
-    fastenc_cpu::int8_gemm(q.data_ptr<uint8_t>(), m, q.stride(0), packed.data_ptr<uint8_t>(), n, k, ep, path,
-                           at::get_num_threads());
+    fastenc_cpu::int8_gemm(q, m, ldq, packed.data_ptr<uint8_t>(), n, k, ep, path, at::get_num_threads());
   }
   return y;
 }
@@ -148,16 +146,28 @@ Tensor int8_gemm(const Tensor& q, const Tensor& xscale, const Tensor& xzero, con
   TORCH_CHECK(xzero.scalar_type() == at::kInt && xzero.dim() == 1 && xzero.size(0) == m && xzero.is_contiguous(),
               "int8_gemm: zero must be contiguous (", m, ",) int32, got ", xzero.scalar_type(), " ", xzero.sizes());
   check_q(q, m, k);
-  return gemm_into(q, xscale, xzero, packed, n, k, bias, out, accumulate, gelu, isa);
+  return gemm_into(q.data_ptr<uint8_t>(), q.stride(0), xscale.data_ptr<float>(), xzero.data_ptr<int32_t>(), m, packed,
+                   n, k, bias, out, accumulate, gelu, isa);
 }
 
 Tensor int8_linear(const Tensor& x, const Tensor& packed, int64_t n, const OptTensor& bias, const OptTensor& out,
                    bool accumulate, const std::optional<std::string>& gelu, bool asym, const std::string& isa) {
   check_cpu(x, "x");
-  TORCH_CHECK(x.dim() == 2, "int8_linear: x must be 2-D (rows, k), got ", x.sizes());
-  check_packed(packed, n, x.size(1));
-  auto [q, scale, zero] = int8_quantize_rows(x, asym);
-  return gemm_into(q, scale, zero, packed, n, x.size(1), bias, out, accumulate, gelu, isa);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && (x.stride(1) == 1 || x.size(1) <= 1),
+              "int8_linear: x must be 2-D float32 (rows, k) with unit column stride, got ", x.scalar_type(), " ",
+              x.sizes());
+  const int64_t m = x.size(0), k = x.size(1);
+  check_packed(packed, n, k);
+  // One scratch block from the buffer cache: the codes (mpad, kpad), then the scales and zero points (m each).
+  const int64_t kp = fastenc_cpu::int8_kpad(k), codes = fastenc_cpu::int8_mpad(m) * kp;
+  Tensor scratch = cpu_empty({codes + 8 * m}, x.options().dtype(at::kByte));
+  uint8_t* q = scratch.data_ptr<uint8_t>();
+  float* scale = reinterpret_cast<float*>(q + codes);  // (codes: a multiple of 2048 bytes)
+  int32_t* zero = reinterpret_cast<int32_t*>(q + codes + 4 * m);
+  if (m > 0)
+    fastenc_cpu::int8_quantize_rows(x.data_ptr<float>(), m, k, std::max<int64_t>(x.stride(0), 1), asym, q, kp, scale,
+                                    zero, at::get_num_threads());
+  return gemm_into(q, kp, scale, zero, m, packed, n, k, bias, out, accumulate, gelu, isa);
 }
 
 // (name, None when this machine runs it, else why not) for each path, slowest first.

@@ -23,6 +23,10 @@ namespace fastenc_cpu {
 
 namespace {
 
+// Read prefetch into L2 of the next panel's line (the microkernels stream the weight: at a few rows the GEMM waits
+// on memory, and a request a panel ahead keeps the next one coming while this one is computed).
+inline void prefetch_l2(const int8_t* p) { __builtin_prefetch(p, 0, 2); }
+
 inline int32_t load_quad(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -33,11 +37,12 @@ inline int32_t load_quad(const uint8_t* p) {
 // R rows x 16 columns (half h of the panel: columns 16h .. 16h + 15), acc row stride 32.
 template <int R>
 __attribute__((target("avx2"))) void avx2_rows(const uint8_t* q, int64_t ldq, const int8_t* panel, int64_t kq,
-                                               int32_t* acc) {
+                                               int32_t* acc, const int8_t* pf) {
   __m256i a[R][2];
   for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_si256();
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int64_t t = 0; t < kq; ++t) {
+    if (pf != nullptr) prefetch_l2(pf + t * 128);
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + t * 128));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + t * 128 + 32));
 #pragma GCC unroll 4
@@ -56,21 +61,25 @@ __attribute__((target("avx2"))) void avx2_rows(const uint8_t* q, int64_t ldq, co
 
 template <int R>
 __attribute__((target("avx2"))) void avx2_tail(int rows, const uint8_t* q, int64_t ldq, const int8_t* panel,
-                                               int64_t kq, int32_t* acc) {
+                                               int64_t kq, int32_t* acc, const int8_t* pf) {
   if constexpr (R > 1) {
-    if (rows < R) return avx2_tail<R - 1>(rows, q, ldq, panel, kq, acc);
+    if (rows < R) return avx2_tail<R - 1>(rows, q, ldq, panel, kq, acc, pf);
   }
-  avx2_rows<R>(q, ldq, panel, kq, acc);
+  avx2_rows<R>(q, ldq, panel, kq, acc, pf);
 }
 
 // ---------------------------------------------------------------- AVX-512 VNNI
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows(const uint8_t* q, int64_t ldq,
                                                                       const int8_t* panel, int64_t kq,
-                                                                      int32_t* acc) {
+                                                                      int32_t* acc, const int8_t* pf) {
   __m512i a[R][2];
   for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_si512();
   for (int64_t t = 0; t < kq; ++t) {
+    if (pf != nullptr) {
+      prefetch_l2(pf + t * 128);
+      prefetch_l2(pf + t * 128 + 64);
+    }
     const __m512i b0 = _mm512_loadu_si512(panel + t * 128);
     const __m512i b1 = _mm512_loadu_si512(panel + t * 128 + 64);
 #pragma GCC unroll 8
@@ -89,11 +98,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows(const uint
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tail(int rows, const uint8_t* q, int64_t ldq,
                                                                       const int8_t* panel, int64_t kq,
-                                                                      int32_t* acc) {
+                                                                      int32_t* acc, const int8_t* pf) {
   if constexpr (R > 1) {
-    if (rows < R) return vnni_tail<R - 1>(rows, q, ldq, panel, kq, acc);
+    if (rows < R) return vnni_tail<R - 1>(rows, q, ldq, panel, kq, acc, pf);
   }
-  vnni_rows<R>(q, ldq, panel, kq, acc);
+  vnni_rows<R>(q, ldq, panel, kq, acc, pf);
 }
 
 // ---------------------------------------------------------------- AMX
@@ -107,17 +116,21 @@ struct TileConfig {
 
 }  // namespace
 
-void int8_block_avx2(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc) {
+void int8_block_avx2(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
+                     const int8_t* next) {
   constexpr int MR = 4;
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < 2; ++h)  // the first pass over each half requests that half of the next panel
     for (int r0 = 0; r0 < rows; r0 += MR)
-      avx2_tail<MR>(rows - r0 < MR ? rows - r0 : MR, q + r0 * ldq, ldq, panel + h * 64, kq, acc + r0 * 32 + h * 16);
+      avx2_tail<MR>(rows - r0 < MR ? rows - r0 : MR, q + r0 * ldq, ldq, panel + h * 64, kq, acc + r0 * 32 + h * 16,
+                    r0 == 0 && next != nullptr ? next + h * 64 : nullptr);
 }
 
-void int8_block_vnni(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc) {
+void int8_block_vnni(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
+                     const int8_t* next) {
   constexpr int MR = 8;
   for (int r0 = 0; r0 < rows; r0 += MR)
-    vnni_tail<MR>(rows - r0 < MR ? rows - r0 : MR, q + r0 * ldq, ldq, panel, kq, acc + r0 * 32);
+    vnni_tail<MR>(rows - r0 < MR ? rows - r0 : MR, q + r0 * ldq, ldq, panel, kq, acc + r0 * 32,
+                  r0 == 0 ? next : nullptr);
 }
 
 // Tiles 0-3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A (rows 0-15, 16-31); 6, 7: B (columns 0-15,
@@ -138,7 +151,8 @@ __attribute__((target("amx-tile"))) void int8_amx_begin() {
 __attribute__((target("amx-tile"))) void int8_amx_end() { _tile_release(); }
 
 __attribute__((target("amx-tile,amx-int8"))) void int8_block_amx(const uint8_t* q, int64_t ldq, int rows,
-                                                                 const int8_t* panel, int64_t kq, int32_t* acc) {
+                                                                 const int8_t* panel, int64_t kq, int32_t* acc,
+                                                                 const int8_t* next) {
   const int64_t steps = kq / 16;  // 64 k (16 k-quads: 16 rows of 128 panel bytes) per step
   _tile_zero(0);
   _tile_zero(1);
@@ -146,6 +160,8 @@ __attribute__((target("amx-tile,amx-int8"))) void int8_block_amx(const uint8_t* 
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t s = 0; s < steps; ++s) {
+      if (next != nullptr)
+        for (int l = 0; l < 32; ++l) prefetch_l2(next + s * 2048 + l * 64);
       _tile_loadd(4, q + s * 64, ldq);
       _tile_loadd(5, q + 16 * ldq + s * 64, ldq);
       _tile_loadd(6, panel + s * 2048, 128);
@@ -159,6 +175,8 @@ __attribute__((target("amx-tile,amx-int8"))) void int8_block_amx(const uint8_t* 
     _tile_stored(3, acc + 16 * 32 + 16, 128);
   } else {
     for (int64_t s = 0; s < steps; ++s) {
+      if (next != nullptr)
+        for (int l = 0; l < 32; ++l) prefetch_l2(next + s * 2048 + l * 64);
       _tile_loadd(4, q + s * 64, ldq);
       _tile_loadd(6, panel + s * 2048, 128);
       _tile_loadd(7, panel + s * 2048 + 64, 128);

@@ -4,6 +4,7 @@ MLP's GELU in the epilogue, cut into row blocks for the QKV planes). The fp32 we
 the int8 form is a cache beside it, rebuilt when the weight changes (an in-place write, a replaced parameter)."""
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -11,6 +12,9 @@ import torch
 from fastenc import extension, registry
 from fastenc.layers.steps import optimizer_steps
 from fastenc.reference.int8_linear import pack_int8_ref, quantize_weight_ref
+
+
+EVENT = "fastenc::int8_linear"  # the profiler name of the extension's int8 calls (followed by M x K x N)
 
 
 def pack_int8(weight: torch.Tensor) -> torch.Tensor:
@@ -46,7 +50,7 @@ class Int8Weight:
         self.ref, self.key, self.packed = None, None, {}
 
     def packs(self, w: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
-        key = (w.data_ptr(), w._version, optimizer_steps(), w.device, tuple(w.shape))
+        key = (w.data_ptr(), w._version, optimizer_steps())  # (a resize or move changes the pointer or the version)
         if self.ref is None or self.ref() is not w or self.key != key:
             self.packed, self.ref, self.key = {}, weakref.ref(w), key
         got = self.packed.get(parts)
@@ -63,7 +67,11 @@ class Int8Weight:
         n, k = w.shape
         packed = self.packs(w)[0]
         if _direct(x):
-            return extension.load().int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, _isa())
+            ext = extension.load()
+            if torch.autograd.profiler._is_profiler_enabled:
+                with torch.profiler.record_function(f"{EVENT} {x.shape[0]}x{k}x{n}"):
+                    return ext.int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, _isa())
+            return ext.int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, _isa())
         from fastenc import ops
 
         y = ops.int8_linear(x, packed, n, bias, residual=out if accumulate else None, gelu=gelu, asym=self.asym)
@@ -84,8 +92,10 @@ class Int8Weight:
         out = extension.buffer_empty((parts, x.shape[0], n), x)
         outs = out.unbind(0) if out is not None else (None,) * parts
         isa = _isa()
-        return tuple(ext.int8_gemm(q, scale, zero, p, n, w.shape[1], bi, o, False, None, isa)
-                     for p, bi, o in zip(packs, biases, outs))
+        with (torch.profiler.record_function(f"{EVENT} {x.shape[0]}x{w.shape[1]}x{w.shape[0]}")
+              if torch.autograd.profiler._is_profiler_enabled else contextlib.nullcontext()):
+            return tuple(ext.int8_gemm(q, scale, zero, p, n, w.shape[1], bi, o, False, None, isa)
+                         for p, bi, o in zip(packs, biases, outs))
 
     def __deepcopy__(self, memo):
         return Int8Weight(self.asym)
