@@ -25,13 +25,14 @@ ALLOC_OPS = ("aten::empty", "aten::empty_strided")
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 PACKED_GEMM_PREFIXES = ("mkldnn::_linear_pointwise", "mkl::_mkl_linear")
 PANEL_GEMM = "fastenc::gemm_packed"  # fastenc.layers.prepack.panel_gemm under the profiler (name + " MxKxN")
+INT8_GEMM = "fastenc::int8_linear "  # an int8 layer's GEMM (fastenc.quant.int8.EVENT + " MxKxN")
 
 
 def _mkn(name: str, shapes: list) -> tuple[int, int, int] | None:
     """(M, K, N) of one GEMM event from its recorded input shapes, or from its name for fastenc's panel GEMM
-    ("fastenc::gemm_packed MxKxN"); None when they do not say."""
+    ("fastenc::gemm_packed MxKxN", "fastenc::int8_linear MxKxN"); None when they do not say."""
     try:
-        if name.startswith(PANEL_GEMM):
+        if name.startswith((PANEL_GEMM, INT8_GEMM)):
             m, k, n = name.split(" ")[1].split("x")
         elif name == "aten::mm":
             (m, k), (_, n) = shapes[0], shapes[1]
@@ -49,7 +50,7 @@ def _mkn(name: str, shapes: list) -> tuple[int, int, int] | None:
 
 
 def _category(name: str) -> str:
-    if name in GEMM_OPS or name.startswith(PACKED_GEMM_PREFIXES) or name.startswith(PANEL_GEMM):
+    if name in GEMM_OPS or name.startswith(PACKED_GEMM_PREFIXES) or name.startswith((PANEL_GEMM, INT8_GEMM)):
         return "gemm"
     return "fastenc_ops" if name.startswith("fastenc::") else "other_ops"
 

@@ -1,15 +1,18 @@
-"""`fastenc bench models`: every model of fastenc.benchmark.models (one fresh process each when several run) with a
-progress bar, the throughput and batch-1 latency tables, and JSON + CSV + PNG plots in the output folder."""
+"""`fastenc bench models [--quantize int8]`: every model of fastenc.benchmark.models (one fresh process each when
+several run) with a progress bar, the throughput and batch-1 latency tables, and JSON + CSV + PNG plots."""
 from __future__ import annotations
 
+import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from fastenc.benchmark import isolated, latency, options, report
+from fastenc.benchmark import int8_accuracy, int8_models, int8_report, isolated, latency, options, report
 from fastenc.benchmark import models as _models
 from fastenc.benchmark.options import UsageError
 
@@ -21,19 +24,26 @@ def add_arguments(p) -> None:
     options.models(p, "comma-separated names of fastenc.benchmark.models.MODELS (bert-base, modernbert-base, "
                    "vit-b16, deit-base, distilbert-base, ..., minilm)")
     options.same_process(p)
-    options.providers(p, "comma-separated providers to keep: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime")
+    options.providers(p, "comma-separated providers to keep: fastenc,hf-eager,hf-sdpa,hf-compile,onnxruntime; with "
+                      "--quantize int8: fastenc,fastenc-int8,hf-sdpa and the int8 peers (onnxruntime-fp32, "
+                      "onnxruntime-int8, torch-dynamic-int8, ctranslate2-int8, ctranslate2-int8_float32, openvino-int8)")
     options.breakdown(p, "where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs alone, "
                       "fastenc's ops, other ops, Python/dispatch), under torch.profiler")
     options.workloads(p, "comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs)")
     options.no_compile(p)
     options.no_plots(p)
+    options.quantize(p, "int8: time int8 inference side by side (fastenc fp32, the ratios' baseline, and "
+                     "fastenc.quantize'd; transformers sdpa; ONNX Runtime fp32 and int8, torch dynamic int8, "
+                     "CTranslate2 int8, OpenVINO int8) and measure each provider's accuracy against fp32 transformers")
+    options.passages(p, "with --quantize: docstring passages the accuracy is measured on (default 2000, --quick 200)")
 
 
 def command(args, device: str, dtype: torch.dtype, out: Path) -> dict:
     return bench_models(device, dtype, quick=args.quick, out=out, models=options.split(args.models),
                         providers=options.split(args.providers), compile_hf=not args.no_compile,
                         plots=not args.no_plots, note=args.note, isolate=False if args.same_process else None,
-                        breakdown=args.breakdown, workloads=options.split(args.workloads), rounds=args.rounds)
+                        breakdown=args.breakdown, workloads=options.split(args.workloads), rounds=args.rounds,
+                        quantize=args.quantize, passages=args.passages)
 
 
 def _log(msg: str) -> None:
@@ -41,38 +51,73 @@ def _log(msg: str) -> None:
 
 
 def _run_model_isolated(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
-                        only=None, rounds=None) -> dict:
+                        only=None, rounds=None, quantize=None, texts=None) -> dict:
     """run_model in a fresh Python process (fastenc.benchmark.isolated), so a model's timing never depends on what
     an earlier model left behind in this one: after larger allocations glibc's adaptive mmap/trim thresholds let
-    transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger."""
+    transformers stop faulting its activations in, and buffers, thread pools or ONNX Runtime sessions linger.
+    The accuracy passages (`texts`) go to it in a temporary JSON file."""
     spec = {"entry": "fastenc.benchmark.models:run_isolated", "model": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
             "providers": list(wanted), "quick": bool(quick), "threads": int(threads), "breakdown": bool(breakdown),
-            "only": only, "rounds": rounds}
-    return isolated.run(spec, log, tick, step)
+            "only": only, "rounds": rounds, "quantize": quantize}
+    if texts is None:
+        return isolated.run(spec, log, tick, step)
+    fd, path = tempfile.mkstemp(prefix="fastenc-passages-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(texts, f)
+        return isolated.run({**spec, "texts_file": path}, log, tick, step)
+    finally:
+        os.unlink(path)
 
 
 def _run_model_here(name, device, dtype, wanted, quick, threads, log, tick, step, breakdown=False,
-                    only=None, rounds=None) -> dict:
+                    only=None, rounds=None, quantize=None, texts=None) -> dict:
     return _models.run_model(_models.MODELS[name], device, dtype, wanted, quick=quick, threads=threads, log=log,
-                             tick=tick, step=step, breakdown=breakdown, only=only, rounds=rounds)
+                             tick=tick, step=step, breakdown=breakdown, only=only, rounds=rounds, quantize=quantize,
+                             texts=texts)
+
+
+def _check_int8(quantize, passages, device, dtype, providers) -> None:
+    """Refuse a bad --quantize / --passages / --providers combination before any work, naming the option."""
+    if quantize is None:
+        if passages is not None:
+            raise UsageError("--passages: sets the accuracy passages of --quantize int8; add --quantize int8")
+        int8_only = [p for p in providers or () if p in int8_models.KNOWN and p not in _models.BASELINES + ("fastenc",)]
+        if int8_only:
+            raise UsageError(f"--providers: {int8_only} run with --quantize int8 only")
+        return
+    if quantize not in int8_models.MODES:
+        raise UsageError(f"--quantize: expected one of {', '.join(int8_models.MODES)}, got {quantize!r}")
+    if str(device) != "cpu" or dtype != torch.float32:
+        raise UsageError(f"--quantize {quantize}: int8 inference runs on the CPU in fp32; got --device {device} "
+                         f"--dtype {str(dtype).replace('torch.', '')}")
+    unknown = [p for p in providers or () if p not in int8_models.KNOWN]
+    if unknown:
+        raise UsageError(f"--providers: unknown with --quantize {quantize}: {unknown}; known: "
+                         f"{', '.join(int8_models.KNOWN)}")
 
 
 def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, models=None, providers=None,
                  compile_hf: bool = True, plots: bool = True, note: str | None = None,
                  isolate: bool | None = None, breakdown: bool = False, workloads: list[str] | None = None,
-                 rounds: int | None = None) -> dict:
+                 rounds: int | None = None, quantize: str | None = None, passages: int | None = None) -> dict:
     """isolate: each model in its own process (default when more than one model runs); breakdown: where the
     batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency); workloads: the throughput
-    workloads to run (fixed, varlen; default both; the batch-1 latency always runs)."""
+    workloads to run (fixed, varlen; default both; the batch-1 latency always runs). quantize "int8": the int8
+    providers (int8_models.PROVIDERS unless `providers`), ratios against fastenc fp32 and the best int8 peer, and
+    each provider's accuracy on `passages` docstring passages (default 2000, quick 200)."""
     bad = sorted(set(workloads or ()) - {"fixed", "varlen", "latency"})
     if bad:
         raise UsageError(f"--workloads: unknown {bad}; known: fixed, varlen, latency")
+    _check_int8(quantize, passages, device, dtype, providers)
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
     if unknown:
         raise UsageError(f"--models: unknown {unknown}; known: {list(_models.MODELS)}")
     if providers:
         wanted = providers
+    elif quantize:
+        wanted = list(int8_models.PROVIDERS)
     elif quick:
         wanted = ["fastenc", "hf-sdpa", "onnxruntime"]
     else:
@@ -92,6 +137,10 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     results = []
     steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in ("fixed", "varlen")
                                                              if workloads is None or w in workloads]
+    texts = None
+    if quantize:
+        steps.append("accuracy")
+        texts = _int8_meta(meta, quantize, wanted, quick, passages, names)
     bar = tqdm(total=len(names) * len(steps), desc="models", unit="step", file=sys.stderr, dynamic_ncols=True)
     for n in names:
         done = [0]
@@ -104,7 +153,8 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
 
         run = _run_model_isolated if isolate else _run_model_here
         results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step,
-                           breakdown=breakdown, only=workloads, rounds=rounds))
+                           breakdown=breakdown, only=workloads, rounds=rounds, quantize=quantize,
+                           texts=texts if _models.MODELS[n].kind == "text" else None))
         bar.update(len(steps) - done[0] + 1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]
@@ -117,11 +167,36 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     files = [report.write_json(out / "models.json", payload), report.write_csv(out / "models.csv", rows),
              report.write_csv(out / "models_latency.csv", lat_rows)]
     if plots and rows:
-        files += _model_plots(out, rows, meta)
-    print(model_table(results))
-    print(latency_table(results))
+        files += _model_plots(out, rows, meta, "fastenc" if quantize else "hf-sdpa")
+    if quantize:
+        print(int8_report.throughput_table(results))
+        print(int8_report.latency_table(results))
+        print(int8_report.accuracy_table(results))
+    else:
+        print(model_table(results))
+        print(latency_table(results))
     report.print_failures(failed)
     return {"payload": payload, "files": [f for f in files if f], "failures": failed}
+
+
+def _int8_meta(meta: dict, quantize: str, wanted: list[str], quick: bool, passages: int | None,
+               names: list[str]) -> list[str] | None:
+    """Fill the int8 mode's part of the results' metadata; returns the accuracy passages (None: no text model)."""
+    meta["quantize"] = quantize
+    meta["machine"].update(int8_models.machine())
+    meta["baselines"] = list(int8_models.BASELINES) + [int8_models.BEST]
+    meta["int8_peers"] = list(int8_models.PEERS)
+    meta["providers_described"] = {p: int8_models.describe(p) for p in wanted}
+    meta["not_run"] = {p: why for p, why in int8_models.NOT_RUN.items() if p not in wanted}
+    meta["ratios"] = ("ratio_vs_<b>: throughput over b's (of the medians; paired_: the median of the per-round "
+                      f"ratios); b = fastenc (fp32), hf-sdpa, onnxruntime-fp32 and {int8_models.BEST}, the int8 peer "
+                      "with the highest throughput in that workload (named in the row's best_int8_peer); batch-1 "
+                      "rows: time_ratio_vs_<b>, the time over b's")
+    texts = None
+    if any(_models.MODELS[n].kind == "text" for n in names):
+        n = passages or int8_models.PASSAGES["quick" if quick else "full"]
+        texts, meta["accuracy_passages"] = int8_accuracy.passages(n)
+    return texts
 
 
 def _spread(row: dict, base: str) -> str:
@@ -142,6 +217,11 @@ def model_table(results: list[dict]) -> str:
     notes = [f"  {res['model']} {p}: {why}" for res in results for p, why in res["skipped"].items()]
     if notes:
         text += "\n\nnot timed:\n" + "\n".join(notes)
+    ort = [(res["model"], res.get("provider_info", {}).get("onnxruntime")) for res in results]
+    ort = [f"  {m}: {o['export']} export" + (f", fused {o['fused']}" if o.get("fused") is not None else "")
+           for m, o in ort if o]
+    if ort:
+        text += "\n\nONNX Runtime baseline:\n" + "\n".join(ort)
     lines = []
     for r in rows:
         if r["provider"] == "fastenc":
@@ -182,16 +262,16 @@ def latency_table(results: list[dict]) -> str:
     return text
 
 
-def _model_plots(out: Path, rows: list[dict], meta: dict) -> list:
+def _model_plots(out: Path, rows: list[dict], meta: dict, against: str = "hf-sdpa") -> list:
     groups = list(dict.fromkeys(f"{r['model']}\n{r['workload']}" for r in rows))
     provs = list(dict.fromkeys(r["provider"] for r in rows))
-    # normalize to hf-sdpa so text (tokens/s) and vision (images/s) share one axis
-    base = {f"{r['model']}\n{r['workload']}": r["throughput"] for r in rows if r["provider"] == "hf-sdpa"}
+    # normalize to `against` so text (tokens/s) and vision (images/s) share one axis
+    base = {f"{r['model']}\n{r['workload']}": r["throughput"] for r in rows if r["provider"] == against}
     vals = {}
     for r in rows:
         g = f"{r['model']}\n{r['workload']}"
         vals[(g, r["provider"])] = r["throughput"] / base[g] if g in base else r["throughput"]
-    ylabel = "throughput relative to transformers sdpa" if base else "throughput (units/s)"
+    ylabel = f"throughput relative to {against}" if base else "throughput (units/s)"
     where = meta["machine"]["cpu"] if meta["device"] == "cpu" else meta["machine"].get("gpu", meta["device"])
     return [report.plot_bars(out / "models_throughput.png", groups, provs, vals, ylabel,
                              f"encoder throughput ({where}, {meta['machine']['threads']} threads, {meta['dtype']})")]

