@@ -8,7 +8,8 @@
 // overflow it. So the codes are taken as signed c = q - 128 in [-127, 127] (q xor 0x80), and the product is formed
 // as |c| * (w with c's sign) (vpabsb, vpsignb): both factors within 7 bits plus sign, |pair sum| <= 2 * 127 * 128 =
 // 32512 < 32767, exact. vpmaddwd with ones adds the int16 pairs into int32 (4 products per lane). The kernel returns
-// sum (q - 128) w; the caller adds 128 * colsum. Register tile: 4 rows x 16 columns (8 accumulators of 16).
+// sum (q - 128) w; the caller adds 128 * colsum. Register tile: 2 rows x 32 columns (8 accumulators of 16:
+// a row's broadcast, xor and abs serve four vectors).
 // AVX-512 VNNI: vpdpbusd adds four u8 x s8 products into each int32 lane, no intermediate saturation. 8 rows x 32
 // columns (16 accumulators of 32): per k-quad two 64-byte panel loads, one broadcast per row.
 // AMX: TDPBUSD on 16 x 64 tiles: A = 16 rows x 64 codes, B = 16 k-quads x 16 columns (one 64-byte half of 16 packed
@@ -34,38 +35,32 @@ inline int32_t load_quad(const uint8_t* p) {
 }
 
 // ---------------------------------------------------------------- AVX2
-// R rows x 16 columns (half h of the panel: columns 16h .. 16h + 15), acc row stride 32.
+// R rows x the panel's 32 columns (4 vectors of 8 int32), acc row stride 32.
 template <int R>
 __attribute__((target("avx2"))) void avx2_rows(const uint8_t* q, int64_t ldq, const int8_t* panel, int64_t kq,
                                                int32_t* acc, const int8_t* pf) {
-  __m256i a[R][2];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_si256();
+  __m256i a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) a[r][v] = _mm256_setzero_si256();
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int64_t t = 0; t < kq; ++t) {
-    if (pf != nullptr) prefetch_l2(pf + t * 128);
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + t * 128));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + t * 128 + 32));
-#pragma GCC unroll 4
+    if (pf != nullptr) {
+      prefetch_l2(pf + t * 128);
+      prefetch_l2(pf + t * 128 + 64);
+    }
+    __m256i w[4];
+    for (int v = 0; v < 4; ++v) w[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + t * 128 + 32 * v));
+#pragma GCC unroll 2
     for (int r = 0; r < R; ++r) {
       const __m256i c = _mm256_xor_si256(_mm256_set1_epi32(load_quad(q + r * ldq + 4 * t)), flip);  // q - 128
       const __m256i ac = _mm256_abs_epi8(c);
-      a[r][0] = _mm256_add_epi32(a[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(w0, c)), ones));
-      a[r][1] = _mm256_add_epi32(a[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(w1, c)), ones));
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v)
+        a[r][v] = _mm256_add_epi32(a[r][v], _mm256_madd_epi16(_mm256_maddubs_epi16(ac, _mm256_sign_epi8(w[v], c)), ones));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * 32), a[r][0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * 32 + 8), a[r][1]);
-  }
-}
-
-template <int R>
-__attribute__((target("avx2"))) void avx2_tail(int rows, const uint8_t* q, int64_t ldq, const int8_t* panel,
-                                               int64_t kq, int32_t* acc, const int8_t* pf) {
-  if constexpr (R > 1) {
-    if (rows < R) return avx2_tail<R - 1>(rows, q, ldq, panel, kq, acc, pf);
-  }
-  avx2_rows<R>(q, ldq, panel, kq, acc, pf);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * 32 + 8 * v), a[r][v]);
 }
 
 // ---------------------------------------------------------------- AVX-512 VNNI
@@ -118,11 +113,12 @@ struct TileConfig {
 
 void int8_block_avx2(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
                      const int8_t* next) {
-  constexpr int MR = 4;
-  for (int h = 0; h < 2; ++h)  // the first pass over each half requests that half of the next panel
-    for (int r0 = 0; r0 < rows; r0 += MR)
-      avx2_tail<MR>(rows - r0 < MR ? rows - r0 : MR, q + r0 * ldq, ldq, panel + h * 64, kq, acc + r0 * 32 + h * 16,
-                    r0 == 0 && next != nullptr ? next + h * 64 : nullptr);
+  // two rows at a time (the first pair requests the next panel): 8 accumulators, 4 panel vectors and the row's
+  // codes fill AVX2's 16 registers
+  int r0 = 0;
+  for (; r0 + 2 <= rows; r0 += 2)
+    avx2_rows<2>(q + r0 * ldq, ldq, panel, kq, acc + r0 * 32, r0 == 0 ? next : nullptr);
+  if (r0 < rows) avx2_rows<1>(q + r0 * ldq, ldq, panel, kq, acc + r0 * 32, r0 == 0 ? next : nullptr);
 }
 
 void int8_block_vnni(const uint8_t* q, int64_t ldq, int rows, const int8_t* panel, int64_t kq, int32_t* acc,
