@@ -46,6 +46,7 @@ def cmd_info(args) -> int:
         print(f"{k:>14}: {v}")
     for kind in extension.HALVES:  # each half of the C++ extension builds, loads and fails on its own
         print(f"{'C++ ext ' + kind:>14}: {extension.state(kind)}")
+    print(f"{'int8 GEMM':>14}: {_int8_paths()}")
     rows = registry.info_table()
     w = max(len(r[0]) for r in rows)
     print()
@@ -55,6 +56,22 @@ def cmd_info(args) -> int:
         print(f"{op:<{w}}  {backend:<9}  {status}")
     _print_architectures()
     return 0
+
+
+def _int8_paths() -> str:
+    """The int8 GEMM's instruction-set paths this machine runs, the one taken, and why the others cannot run (only
+    once the cpu half is loaded: info builds nothing unless asked to)."""
+    from fastenc import extension
+    from fastenc.quant import isa
+
+    if not extension.loaded("cpu"):
+        return "paths avx2 / avx512_vnni / amx, chosen when the cpu half loads (fastenc info --build)"
+    try:
+        chosen = isa.chosen()
+    except ValueError as e:  # a bad FASTENC_INT8_ISA
+        return str(e)
+    paths = ", ".join(name if why is None else f"{name}: {why}" for name, why in isa.available().items())
+    return f"{chosen} ({paths})"
 
 
 def _print_architectures() -> None:

@@ -17,7 +17,6 @@ PROVIDERS = ("fastenc", "fastenc-int8", "hf-sdpa", "onnxruntime-fp32", "onnxrunt
              "ctranslate2-int8", "openvino-int8")  # the default set, in timing order
 KNOWN = PROVIDERS + ("ctranslate2-int8_float32", "hf-eager", "hf-compile")
 BASELINES = ("fastenc", "hf-sdpa", "onnxruntime-fp32")  # the rows' ratio_vs_<b>; fastenc fp32 first
-BEST = "best_int8_peer"  # ratio_vs_best_int8_peer, and the row's best_int8_peer names it
 NOT_RUN = {"ctranslate2-int8_float32": "not run unless --providers names it: on the CPU CTranslate2's int8_float32 "
                                        "runs the same kernels as int8 (bit-identical outputs), so it would time "
                                        "ctranslate2-int8 a second time"}

@@ -2,8 +2,9 @@
 ratios against fastenc fp32 and the best int8 peer."""
 from __future__ import annotations
 
-from fastenc.benchmark import report
-from fastenc.benchmark.int8_models import BEST
+from fastenc.benchmark import tables
+
+BEST = "best_int8_peer"  # ratio_vs_best_int8_peer, and the row's best_int8_peer names it
 
 ACCURACY_COLS = [("emb_cos_min", "cos min"), ("emb_cos_mean", "cos mean"), ("top1_agreement", "top-1 agree"),
                  ("heldout_accuracy", "held-out acc"), ("unseen_accuracy", "unseen acc")]
@@ -34,7 +35,7 @@ def throughput_table(results: list[dict]) -> str:
     cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("throughput", "units/s"),
             ("median_ms", "median ms"), ("peak_mem_mib", "peak MiB"), ("paired_ratio_vs_fastenc", "x fastenc"),
             (f"paired_ratio_vs_{BEST}", "x best int8"), ("paired_ratio_vs_hf-sdpa", "x hf-sdpa")] + ACCURACY_COLS[:3]
-    text = report.table(_shown(rows), cols)
+    text = tables.table(_shown(rows), cols)
     lines = []
     for r in rows:
         if r["provider"] != "fastenc-int8":
@@ -65,7 +66,7 @@ def latency_table(results: list[dict]) -> str:
     cols = [("model", "model"), ("workload", "workload"), ("provider", "provider"), ("p50_ms", "p50 ms"),
             ("p95_ms", "p95 ms"), ("n", "n"), ("paired_time_ratio_vs_fastenc", "time / fastenc"),
             (f"paired_time_ratio_vs_{BEST}", "time / best int8"), (BEST, "best int8 peer")]
-    return "\nbatch-1 latency (time ratios paired; lower is better):\n" + report.table(rows, cols)
+    return "\nbatch-1 latency (time ratios paired; lower is better):\n" + tables.table(rows, cols)
 
 
 def accuracy_table(results: list[dict]) -> str:
@@ -81,7 +82,7 @@ def accuracy_table(results: list[dict]) -> str:
         emb, cls, ft = acc.get("embeddings", {}), acc.get("classification", {}), acc.get("finetuned", {})
         rows = [{"provider": n, **v} for n, v in acc.get("summary", {}).items()]
         cols = [("provider", "provider")] + [c for c in ACCURACY_COLS if any(c[0] in r for r in rows)]
-        lines = [f"\naccuracy of {res['model']} against {acc['reference']}:", report.table(_shown(rows), cols)]
+        lines = [f"\naccuracy of {res['model']} against {acc['reference']}:", tables.table(_shown(rows), cols)]
         what = emb.get("passages") or emb.get("images")
         lines.append(f"  embeddings: {emb.get('n')} inputs ({what}; tokens: {emb.get('tokens', '-')})")
         if cls:
@@ -113,8 +114,8 @@ def markdown(d: dict) -> str:
            ("paired_time_ratio_vs_fastenc", "time / fastenc fp32"),
            (f"paired_time_ratio_vs_{BEST}", "time / best int8")]
     skipped = [f"- {x['model']} {p}: {why}" for x in d["models"] for p, why in x["skipped"].items()]
-    out = [head, "", report._md_table(_shown(d["rows"]), cols), "",
-           report._md_table(d.get("latency_rows", []), lat)]
+    out = [head, "", tables._md_table(_shown(d["rows"]), cols), "",
+           tables._md_table(d.get("latency_rows", []), lat)]
     if skipped:
         out += ["", "Not timed:", *skipped]
     return "\n".join(out)

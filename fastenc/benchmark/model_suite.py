@@ -184,12 +184,12 @@ def _int8_meta(meta: dict, quantize: str, wanted: list[str], quick: bool, passag
     """Fill the int8 mode's part of the results' metadata; returns the accuracy passages (None: no text model)."""
     meta["quantize"] = quantize
     meta["machine"].update(int8_models.machine())
-    meta["baselines"] = list(int8_models.BASELINES) + [int8_models.BEST]
+    meta["baselines"] = list(int8_models.BASELINES) + [int8_report.BEST]
     meta["int8_peers"] = list(int8_models.PEERS)
     meta["providers_described"] = {p: int8_models.describe(p) for p in wanted}
     meta["not_run"] = {p: why for p, why in int8_models.NOT_RUN.items() if p not in wanted}
     meta["ratios"] = ("ratio_vs_<b>: throughput over b's (of the medians; paired_: the median of the per-round "
-                      f"ratios); b = fastenc (fp32), hf-sdpa, onnxruntime-fp32 and {int8_models.BEST}, the int8 peer "
+                      f"ratios); b = fastenc (fp32), hf-sdpa, onnxruntime-fp32 and {int8_report.BEST}, the int8 peer "
                       "with the highest throughput in that workload (named in the row's best_int8_peer); batch-1 "
                       "rows: time_ratio_vs_<b>, the time over b's")
     texts = None

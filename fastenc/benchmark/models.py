@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from fastenc.benchmark import int8_models, int8_peers, model_breakdown, onnx_export, timing
+from fastenc.benchmark import int8_models, int8_peers, int8_report, model_breakdown, onnx_export, timing
 from fastenc.benchmark.ops._common import varlen_lengths
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
@@ -376,7 +376,7 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
 def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False, rounds=None,
                     baselines=BASELINES, best_of=()):
     """(throughput rows, latency rows, breakdown {workload: {provider: ...}}). Rows carry ratios to each of
-    `baselines`, and to the fastest of `best_of` timed in that workload (int8_models.BEST, its name in the row)."""
+    `baselines`, and to the fastest of `best_of` timed in that workload (int8_report.BEST, its name in the row)."""
     rows: list[dict] = []
     if not fns:
         return rows, [], {}
@@ -433,7 +433,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                     ratios = [bt / t for bt, t in zip(samples[b], s)]
                     row[f"paired_ratio_vs_{key}_q20_q80"] = [timing.percentile(ratios, q) for q in (0.2, 0.8)]
             if best is not None:
-                row[int8_models.BEST] = best
+                row[int8_report.BEST] = best
             own = parts.get(w, {}).get(name) if name == "fastenc" else None
             if own is not None:  # the GEMM floor and the ceiling ratio (model_breakdown.throughput)
                 row["gemm_floor_ms"] = own["gemm_floor_ms"]
@@ -451,13 +451,13 @@ def _fastest(samples: dict, among) -> str | None:
 
 def _against(baselines, best: str | None) -> list[tuple[str, str]]:
     """(provider, key in the row's ratio fields): each baseline, then the fastest int8 peer."""
-    return [(b, b) for b in baselines] + ([(best, int8_models.BEST)] if best is not None else [])
+    return [(b, b) for b in baselines] + ([(best, int8_report.BEST)] if best is not None else [])
 
 
 def _latency_row(spec, workload, desc, name, s, samples, baselines=BASELINES, best=None) -> dict:
     """p50/p95 of one provider's batch-1 samples; time ratios to each baseline (< 1: faster than it), of the
     p50s and paired (median of the per-round ratios), with the paired ratio's 20% and 80% quantiles; the same to
-    `best` (the fastest int8 peer) under int8_models.BEST."""
+    `best` (the fastest int8 peer) under int8_report.BEST."""
     row = {"model": spec.name, "workload": workload, "workload_desc": desc, "provider": name,
            "p50_ms": timing.percentile(s, 0.5), "p95_ms": timing.percentile(s, 0.95), "n": len(s)}
     for b, key in _against(baselines, best):
@@ -467,7 +467,7 @@ def _latency_row(spec, workload, desc, name, s, samples, baselines=BASELINES, be
             row[f"paired_time_ratio_vs_{key}"] = timing.percentile(ratios, 0.5)
             row[f"paired_time_ratio_vs_{key}_q20_q80"] = [timing.percentile(ratios, q) for q in (0.2, 0.8)]
     if best is not None:
-        row[int8_models.BEST] = best
+        row[int8_report.BEST] = best
     return row
 
 

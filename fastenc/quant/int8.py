@@ -11,6 +11,7 @@ import torch
 
 from fastenc import extension, registry
 from fastenc.layers.steps import optimizer_steps
+from fastenc.quant.isa import isa
 from fastenc.reference.int8_linear import pack_int8_ref, quantize_weight_ref
 
 
@@ -33,7 +34,7 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
 
 def _direct(x: torch.Tensor) -> bool:
     """The extension's int8 calls serve x: CPU fp32 2-D, unit column stride, the cpu backend allowed."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.stride(-1) == 1
+    return (x.dtype == torch.float32 and not x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and x.is_cpu
             and registry.backend_allowed("cpu") and extension.cpu_available() is None)
 
 
@@ -70,8 +71,8 @@ class Int8Weight:
             ext = extension.load()
             if torch.autograd.profiler._is_profiler_enabled:
                 with torch.profiler.record_function(f"{EVENT} {x.shape[0]}x{k}x{n}"):
-                    return ext.int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, _isa())
-            return ext.int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, _isa())
+                    return ext.int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, isa())
+            return ext.int8_linear(x, packed, n, bias, out, accumulate, gelu, self.asym, isa())
         from fastenc import ops
 
         y = ops.int8_linear(x, packed, n, bias, residual=out if accumulate else None, gelu=gelu, asym=self.asym)
@@ -91,10 +92,10 @@ class Int8Weight:
         q, scale, zero = ext.int8_quantize_rows(x, self.asym)
         out = extension.buffer_empty((parts, x.shape[0], n), x)
         outs = out.unbind(0) if out is not None else (None,) * parts
-        isa = _isa()
+        path = isa()
         with (torch.profiler.record_function(f"{EVENT} {x.shape[0]}x{w.shape[1]}x{w.shape[0]}")
               if torch.autograd.profiler._is_profiler_enabled else contextlib.nullcontext()):
-            return tuple(ext.int8_gemm(q, scale, zero, p, n, w.shape[1], bi, o, False, None, isa)
+            return tuple(ext.int8_gemm(q, scale, zero, p, n, w.shape[1], bi, o, False, None, path)
                          for p, bi, o in zip(packs, biases, outs))
 
     def __deepcopy__(self, memo):
@@ -102,9 +103,3 @@ class Int8Weight:
 
     def __reduce__(self):
         return (Int8Weight, (self.asym,))
-
-
-def _isa() -> str:
-    from fastenc.quant.isa import isa
-
-    return isa()

@@ -8,14 +8,22 @@ ISAS = ("avx2", "avx512_vnni", "amx")  # slowest first
 ENV = "FASTENC_INT8_ISA"
 
 
+_PARSED: dict[str | None, str] = {}  # FASTENC_INT8_ISA's raw value -> its meaning (read on every int8 call)
+
+
 def isa() -> str:
     """FASTENC_INT8_ISA ("avx2", "avx512_vnni" or "amx"), or "" for the fastest this machine runs (unset, "" or
     "auto")."""
-    name = os.environ.get(ENV, "").strip().lower()
+    raw = os.environ.get(ENV)
+    got = _PARSED.get(raw)
+    if got is not None:
+        return got
+    name = (raw or "").strip().lower()
     if name in ("", "auto"):
-        return ""
-    if name not in ISAS:
+        name = ""
+    elif name not in ISAS:
         raise ValueError(f"{ENV} must be one of {', '.join(ISAS)} or auto, got {name!r}")
+    _PARSED[raw] = name
     return name
 
 

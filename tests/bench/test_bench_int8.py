@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fastenc import cli
-from fastenc.benchmark import int8_accuracy, int8_finetuned, int8_models, int8_peers, model_suite, models, report
+from fastenc.benchmark import (int8_accuracy, int8_finetuned, int8_models, int8_peers, int8_report, model_suite, models,
+                               report)
 from fastenc.benchmark.options import UsageError
 
 pytest.importorskip("transformers")
@@ -78,11 +79,11 @@ def test_int8_rows_ratios_accuracy_and_skipped_peer(monkeypatch):
     rows = {r["provider"]: r for r in res["rows"]}
     assert set(rows) == {"fastenc", "fastenc-int8", "hf-sdpa", "torch-dynamic-int8"}
     q = rows["fastenc-int8"]
-    for key in ("fastenc", "hf-sdpa", int8_models.BEST):
+    for key in ("fastenc", "hf-sdpa", int8_report.BEST):
         assert math.isfinite(q[f"ratio_vs_{key}"]) and q[f"ratio_vs_{key}"] > 0, key
         lo, hi = q[f"paired_ratio_vs_{key}_q20_q80"]
         assert 0 < lo <= q[f"paired_ratio_vs_{key}"] <= hi
-    assert q[int8_models.BEST] == "torch-dynamic-int8"  # the only int8 peer that ran
+    assert q[int8_report.BEST] == "torch-dynamic-int8"  # the only int8 peer that ran
     assert "ratio_vs_fastenc" not in rows["fastenc"]
     assert "ratio_vs_onnxruntime-fp32" not in q  # not asked for, so no ratio to it
     lat = {(r["workload"], r["provider"]): r for r in res["latency_rows"]}

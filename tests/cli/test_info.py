@@ -18,6 +18,20 @@ def test_info_lists_every_op_and_backend():
     assert "torch" in out.stdout and "python" in out.stdout
 
 
+def test_info_build_names_the_int8_path():
+    from fastenc import extension
+
+    if extension.cpu_available():
+        import pytest
+
+        pytest.skip("the cpu extension cannot load here")
+    out = run("info", "--build")
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("int8 GEMM:"))
+    chosen = extension.load().int8_isa_best()
+    assert line.split(":", 1)[1].split()[0] == chosen and "avx2" in line, line
+
+
 def test_info_lists_every_architecture_and_head():
     from fastenc.models import architecture
 
