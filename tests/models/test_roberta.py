@@ -195,7 +195,9 @@ def test_first_step_gradients(task):
     assert set(grads) == set(want) - set(getattr(hf, "_tied_weights_keys", None) or {})
     scale = max(float(t.abs().max()) for t in want.values() if t is not None)
     for name, got in grads.items():
-        assert _err(got, want[name]) <= 1e-4 * max(float(want[name].abs().max()), 1e-3 * scale), name
+        # floor 1e-2 of the largest gradient: a gradient that is zero in theory (the QA head's bias: the softmax over
+        # positions minus the one-hot, summed) is fp32 rounding noise on both sides, ~1e-7 here
+        assert _err(got, want[name]) <= 1e-4 * max(float(want[name].abs().max()), 1e-2 * scale), name
 
 
 def test_positions_on_packed_tokens_as_transformers():
