@@ -200,7 +200,7 @@ def _max_diff(ref: torch.Tensor, out: torch.Tensor, inputs: dict) -> float:
 
 
 def _build_ort(name, hf_model, kind, threads, workdir, log):
-    ort = _import("onnxruntime", "onnxruntime")
+    _import("onnxruntime", "onnxruntime")  # PeerUnavailable when it is not installed
     onnx = _import("onnx", "onnx")
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -242,7 +242,7 @@ def _build_ort(name, hf_model, kind, threads, workdir, log):
     raw.unlink()
     info = {"fused": fused, "optimizer_model_type": model_type}
     check = _example(hf_model, kind, batch=3, seq=11)
-    fp32 = _ort_session(ort, opt, kind, threads)
+    fp32 = _ort_session(opt, kind, threads)
     with torch.inference_mode():
         ref = hf_model(**check).last_hidden_state.float()
     diff = _max_diff(ref, fp32(check), check)
@@ -265,7 +265,7 @@ def _build_ort(name, hf_model, kind, threads, workdir, log):
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     info["int8_ops"] = {k: v for k, v in sorted(ops.items()) if k.startswith(("Q", "Dynamic", "MatMulInteger"))}
     log(f"{name}: quantize_dynamic(QInt8, per_channel) -> {info['int8_ops']}")
-    return _ort_session(ort, q, kind, threads), info
+    return _ort_session(q, kind, threads), info
 
 
 def _prepare_for_fusion(path: Path, external: bool) -> None:
@@ -299,14 +299,10 @@ def _prepare_for_fusion(path: Path, external: bool) -> None:
     m.save_model_to_file(str(path), use_external_data_format=external)
 
 
-def _ort_session(ort, path: Path, kind: str, threads: int):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+def _ort_session(path: Path, kind: str, threads: int):
+    from fastenc.benchmark.onnx_export import cpu_session
+
+    sess = cpu_session(path, threads)
     names = _names(kind)
 
     def run(inputs: dict) -> torch.Tensor:

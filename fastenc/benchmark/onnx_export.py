@@ -20,8 +20,6 @@ def session(name: str, kind: str, wrap: torch.nn.Module, example: tuple, hf_mode
             log: Callable[[str], None] = print):
     """Export `wrap` (hf_model's forward to its last hidden state) with torch.onnx.export(dynamo=True) and dynamic
     batch/sequence axes; an ONNX Runtime CPU session's fn(inputs) -> hidden states."""
-    import onnxruntime as ort
-
     path = cache_path(name, hf_model, workdir)
     if path.exists():
         log(f"{name}: ONNX export from cache {path.parent}")
@@ -29,20 +27,27 @@ def session(name: str, kind: str, wrap: torch.nn.Module, example: tuple, hf_mode
         log(f"{name}: exporting to ONNX (torch.onnx.export, dynamo=True) ...")
         _export(kind, wrap, example, path)
     names = ["pixel_values"] if kind == "vision" else ["input_ids", "attention_mask"]
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # No busy-waiting after a run: ORT's spinning pool would take the cores from whichever provider runs next
-    # in the interleaved timing (a second-long forward loses nothing to the wake-up).
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = cpu_session(path, threads)
 
     def run(inputs):
         feed = {n: inputs[n].numpy() for n in names}
         return torch.from_numpy(sess.run(None, feed)[0])
     return run
+
+
+def cpu_session(path: Path, threads: int):
+    """An ONNX Runtime CPU session of the model at `path`: `threads` intra-op threads, one inter-op thread, every graph
+    optimization, and no busy-waiting after a run (ORT's spinning pool would take the cores from whichever provider
+    runs next in the interleaved timing; a millisecond-long forward loses nothing to the wake-up)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def cache_path(name: str, hf_model, workdir: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Shared fixtures of the corpus-job tests: the embedded MiniLM loaded once, a small mixed-length corpus."""
+"""Shared fixtures of the corpus-job tests: the embedded MiniLM loaded once, a small mixed-length corpus, a shard
+write interrupted as Ctrl-C would."""
 import pytest
 
 
@@ -18,3 +19,29 @@ def texts():
     out = list(docstring_passages(57, max_chars=1500))
     out += ["word " * 400, "short one", "x"]
     return out
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """interrupt_at(n, fn): run fn with the n-th shard write interrupted (as Ctrl-C would), then restore writes."""
+    from fastenc.corpus import writers
+    from fastenc.corpus.job import EmbedInterrupted
+
+    real = writers.write_shard
+
+    def run(n, fn):
+        calls = []
+
+        def flaky(*a, **k):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+
+        monkeypatch.setattr(writers, "write_shard", flaky)
+        try:
+            with pytest.raises(EmbedInterrupted):
+                fn()
+        finally:
+            monkeypatch.setattr(writers, "write_shard", real)
+    return run

@@ -10,7 +10,6 @@ import pytest
 import fastenc
 from fastenc import cli
 from fastenc.corpus import writers
-from fastenc.corpus.job import EmbedInterrupted
 from fastenc.corpus.manifest import MANIFEST, ResumeError
 from fastenc.quant import is_quantized
 
@@ -63,29 +62,6 @@ def test_unquantizable_model_passes_the_reason_on(minilm):
     with pytest.raises(ValueError, match=r"embed: quantize='int8': the model cannot be quantized: .*float64"):
         fastenc.embed(["a sentence"], model, quantize="int8")
     assert not is_quantized(model)
-
-
-@pytest.fixture
-def interrupt_at(monkeypatch):
-    """interrupt_at(n, fn): run fn with the n-th shard write interrupted (as Ctrl-C would)."""
-    real = writers.write_shard
-
-    def run(n, fn):
-        calls = []
-
-        def flaky(*a, **k):
-            calls.append(1)
-            if len(calls) == n:
-                raise KeyboardInterrupt
-            return real(*a, **k)
-
-        monkeypatch.setattr(writers, "write_shard", flaky)
-        try:
-            with pytest.raises(EmbedInterrupted):
-                fn()
-        finally:
-            monkeypatch.setattr(writers, "write_shard", real)
-    return run
 
 
 @pytest.mark.parametrize("first,then", [(None, "int8"), ("int8", None)], ids=["fp32-then-int8", "int8-then-fp32"])

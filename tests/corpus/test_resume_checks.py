@@ -10,31 +10,7 @@ import pytest
 
 import fastenc
 from fastenc.corpus import writers
-from fastenc.corpus.job import EmbedInterrupted
 from fastenc.corpus.manifest import MANIFEST, ResumeError
-
-
-@pytest.fixture
-def interrupt_at(monkeypatch):
-    """interrupt_at(n, fn): run fn with the n-th shard write interrupted (as Ctrl-C would), then restore writes."""
-    real = writers.write_shard
-
-    def run(n, fn):
-        calls = []
-
-        def flaky(*a, **k):
-            calls.append(1)
-            if len(calls) == n:
-                raise KeyboardInterrupt
-            return real(*a, **k)
-
-        monkeypatch.setattr(writers, "write_shard", flaky)
-        try:
-            with pytest.raises(EmbedInterrupted):
-                fn()
-        finally:
-            monkeypatch.setattr(writers, "write_shard", real)
-    return run
 
 
 def _same_output(a, b, fmt):
