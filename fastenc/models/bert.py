@@ -183,11 +183,15 @@ def _plan(layers, x: torch.Tensor, cu_seqlens: torch.Tensor) -> Plan | None:
     activation."""
     if not layers or torch.is_grad_enabled():
         return None
-    for layer in layers:
-        if (not isinstance(layer, BertLayer) or layer.training or _GELU.get(layer.mlp.act) is None
-                or type(layer.mlp) is not MLP or type(layer.attn_norm) is not LayerNorm
-                or type(layer.mlp_norm) is not LayerNorm
-                or any(type(m) is not Linear for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.fc1, layer.mlp.fc2))):
+    for layer in layers:  # (submodules read from _modules: nn.Module.__getattr__ costs ~1 us a lookup, per forward)
+        if not isinstance(layer, BertLayer) or layer.training:
+            return None
+        mods = layer._modules
+        mlp, attn = mods["mlp"], mods["attn"]._modules
+        if (type(mlp) is not MLP or _GELU.get(mlp.act) is None or type(mods["attn_norm"]) is not LayerNorm
+                or type(mods["mlp_norm"]) is not LayerNorm
+                or any(type(m) is not Linear
+                       for m in (attn["Wqkv"], attn["Wo"], mlp._modules["fc1"], mlp._modules["fc2"]))):
             return None
     return Plan.make(x, cu_seqlens, layers[0].attn.heads, layers[0].attn_norm)
 

@@ -146,11 +146,15 @@ def _plan(layers, h: torch.Tensor, cu_seqlens: torch.Tensor, tables: dict, pos: 
     ModernBERT's own blocks in eval mode with plain Linears (not carrying unmerged LoRA), no autograd recording."""
     if not layers or torch.is_grad_enabled():
         return None
-    for layer in layers:
-        if (not isinstance(layer, ModernBertLayer) or layer.training or type(layer.mlp) is not GeGLUMLP
-                or type(layer.mlp_norm) is not LayerNorm
-                or (layer.attn_norm is not None and type(layer.attn_norm) is not LayerNorm)
-                or any(type(m) is not Linear for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo))):
+    for layer in layers:  # (submodules read from _modules: nn.Module.__getattr__ costs ~1 us a lookup, per forward)
+        if not isinstance(layer, ModernBertLayer) or layer.training:
+            return None
+        mods = layer._modules
+        mlp, attn, attn_norm = mods["mlp"], mods["attn"]._modules, mods.get("attn_norm")  # (layer 0: no attn_norm)
+        if (type(mlp) is not GeGLUMLP or type(mods["mlp_norm"]) is not LayerNorm
+                or (attn_norm is not None and type(attn_norm) is not LayerNorm)
+                or any(type(m) is not Linear
+                       for m in (attn["Wqkv"], attn["Wo"], mlp._modules["Wi"], mlp._modules["Wo"]))):
             return None
     return Plan.make(h, cu_seqlens, layers[0].attn.heads, layers[0].mlp_norm, (*tables[layers[0].kind], pos))
 
