@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastenc import extension
 from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.dropout import dropout
 from fastenc.layers.embedding import embedding, padding_row
@@ -45,6 +46,7 @@ from fastenc.models.columns import column_attention, padded_first_rows, padded_p
 from fastenc.models.config import BertConfig
 from fastenc.padding import gather_rows
 from fastenc.ops.direct import Plan
+from fastenc.quant.isa import isa
 
 _GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's
 
@@ -119,8 +121,34 @@ class BertLayer(nn.Module):
         token, then Wo, the norms and the MLP at those rows only -> (n, hidden). plan: the forward's
         fastenc.ops.direct.Plan (its cpu kernels called directly) or None (the public ops)."""
         if rows is None:
+            if plan is not None and not plan.record and self._all_int8():
+                return self._int8_block(x, plan)
             return self.finish(self.attn.attend(x, cu_seqlens, max_seqlen, plan=plan), x, plan)
         return self.finish(self.attn.attend_rows(x, cu_seqlens, max_seqlen, rows), gather_rows(x, rows))
+
+    def _all_int8(self) -> bool:
+        mods, attn = self._modules, self._modules["attn"]._modules
+        mlp = mods["mlp"]._modules
+        return all(m.int8 is not None for m in (attn["Wqkv"], attn["Wo"], mlp["fc1"], mlp["fc2"]))
+
+    def _int8_block(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """forward(x, plan=plan) when all four Linears are int8 (eval mode, the plan's checks made): the same
+        kernels and the same order as attend() + finish(), each called once, straight (at 16 tokens the
+        layers' Python between the kernels is as long as the kernels)."""
+        mods = self._modules
+        attn = mods["attn"]
+        am, mm = attn._modules, mods["mlp"]._modules
+        wqkv, wo, fc1, fc2 = am["Wqkv"], am["Wo"], mm["fc1"], mm["fc2"]
+        ext, path, t = plan.ext, isa(), x.shape[0]
+        qkv = wqkv.int8.direct(ext, wqkv.weight, x, wqkv.bias, None, False, None, path)
+        q, k, v = qkv.view(t, 3, attn.heads, attn.head_dim).unbind(1)
+        o = plan.attention(q, k, v, attn.window).view(t, attn.hidden)
+        wo.int8.direct(ext, wo.weight, o, None, x, True, None, path)  # x += o @ Wo.T
+        x = plan.layer_norm(mods["attn_norm"], x, None, wo.bias)
+        h = fc1.int8.direct(ext, fc1.weight, x, fc1.bias, extension.buffer_empty((t, fc1.out_features), x), False,
+                            _GELU[mods["mlp"].act], path)
+        fc2.int8.direct(ext, fc2.weight, h, None, x, True, None, path)  # x += h @ fc2.T
+        return plan.layer_norm(mods["mlp_norm"], x, None, fc2.bias)
 
     def dropouts(self) -> tuple[float, float]:
         """The dropout on the attention output and on the MLP output (0 in eval mode)."""

@@ -101,5 +101,12 @@ class Int8Weight:
     def __deepcopy__(self, memo):
         return Int8Weight(self.asym)
 
+    def direct(self, ext, w: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+               accumulate: bool, gelu: str | None, path: str) -> torch.Tensor:
+        """linear() with the checks a forward's fastenc.ops.direct.Plan has already made (x a contiguous fp32 CPU
+        (rows, in) tensor, the cpu backend chosen, the extension `ext` loaded) and the int8 path `path` (isa())
+        read once per forward: the extension call alone."""
+        return ext.int8_linear(x, self.packs(w)[0], w.shape[0], bias, out, accumulate, gelu, self.asym, path)
+
     def __reduce__(self):
         return (Int8Weight, (self.asym,))

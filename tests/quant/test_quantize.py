@@ -136,6 +136,36 @@ def test_a_weight_changed_after_quantization_is_requantized():
         assert torch.equal(model(ids, mask), other(ids, mask))
 
 
+def test_the_direct_int8_block_equals_the_layer_by_layer_path(monkeypatch):
+    """BERT's blocks with four int8 Linears run as one straight sequence of kernel calls (BertLayer._int8_block)
+    under an inference Plan: the same kernels in the same order as attend() + finish(), so the same bits."""
+    from fastenc.models import bert
+
+    arch = architectures()["bert"]
+    model = fastenc.from_hf(arch.tiny_model()).eval()
+    ids, mask = _inputs(arch, model)
+    fastenc.quantize(model)
+    calls = []
+    block = bert.BertLayer._int8_block
+    monkeypatch.setattr(bert.BertLayer, "_int8_block", lambda self, x, plan: calls.append(1) or block(self, x, plan))
+    with torch.inference_mode():
+        fast = model(ids, mask)
+        assert len(calls) == len(model.layers)
+        with torch.profiler.profile() as prof:  # recorded under the ops' names: the layer-by-layer path
+            profiled = model(ids, mask)
+        assert len(calls) == len(model.layers)
+        assert any(e.name.startswith(quant.int8.EVENT) for e in prof.events())
+        monkeypatch.setattr(bert.BertLayer, "_all_int8", lambda self: False)
+        slow = model(ids, mask)
+    assert len(calls) == len(model.layers)
+    assert torch.equal(fast, slow) and torch.equal(profiled, slow)
+    fastenc.quantize(fastenc.dequantize(model), keep=["layers.1.mlp.fc1"])  # a block with an fp32 Linear
+    monkeypatch.undo()
+    with torch.inference_mode():
+        assert not model.layers[1]._all_int8() and model.layers[0]._all_int8()
+        model(ids, mask)
+
+
 def _unchanged(model, before):
     assert not quant.is_quantized(model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
