@@ -136,34 +136,44 @@ def test_a_weight_changed_after_quantization_is_requantized():
         assert torch.equal(model(ids, mask), other(ids, mask))
 
 
-def test_the_direct_int8_block_equals_the_layer_by_layer_path(monkeypatch):
-    """BERT's blocks with four int8 Linears run as one straight sequence of kernel calls (BertLayer._int8_block)
-    under an inference Plan: the same kernels in the same order as attend() + finish(), so the same bits."""
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "fp32"])
+def test_the_direct_block_equals_the_layer_by_layer_path(monkeypatch, int8):
+    """BERT's blocks under an inference Plan, their Linears int8 or on the fp32 panel GEMM, run as one straight
+    sequence of kernel calls (BertLayer._direct_block): the same kernels in the same order as attend() + finish(),
+    so the same bits; under the profiler (ops recorded by name) and with a block the direct form does not serve,
+    the layer-by-layer path."""
     from fastenc.models import bert
 
     arch = architectures()["bert"]
     model = fastenc.from_hf(arch.tiny_model()).eval()
     ids, mask = _inputs(arch, model)
-    fastenc.quantize(model)
+    if int8:
+        fastenc.quantize(model)
     calls = []
-    block = bert.BertLayer._int8_block
-    monkeypatch.setattr(bert.BertLayer, "_int8_block", lambda self, x, plan: calls.append(1) or block(self, x, plan))
+    block = bert.BertLayer._direct_block
+    monkeypatch.setattr(bert.BertLayer, "_direct_block",
+                        lambda self, x, plan, lins: calls.append(1) or block(self, x, plan, lins))
     with torch.inference_mode():
         fast = model(ids, mask)
         assert len(calls) == len(model.layers)
-        with torch.profiler.profile() as prof:  # recorded under the ops' names: the layer-by-layer path
+        with torch.profiler.profile() as prof:
             profiled = model(ids, mask)
         assert len(calls) == len(model.layers)
-        assert any(e.name.startswith(quant.int8.EVENT) for e in prof.events())
-        monkeypatch.setattr(bert.BertLayer, "_all_int8", lambda self: False)
+        event = quant.int8.EVENT if int8 else "fastenc::gemm_packed"
+        assert any(e.name.startswith(event) for e in prof.events())
+        monkeypatch.setattr(bert.BertLayer, "_direct_linears", lambda self, x: None)
         slow = model(ids, mask)
     assert len(calls) == len(model.layers)
     assert torch.equal(fast, slow) and torch.equal(profiled, slow)
-    fastenc.quantize(fastenc.dequantize(model), keep=["layers.1.mlp.fc1"])  # a block with an fp32 Linear
-    monkeypatch.undo()
-    with torch.inference_mode():
-        assert not model.layers[1]._all_int8() and model.layers[0]._all_int8()
-        model(ids, mask)
+    if int8:  # a block with one fp32 Linear runs direct too (int8 and panel GEMMs mixed)
+        monkeypatch.undo()
+        fastenc.quantize(fastenc.dequantize(model), keep=["layers.1.mlp.fc1"])
+        with torch.inference_mode():
+            x = torch.randn(5, model.config.hidden_size)
+            assert model.layers[1]._direct_linears(x) is not None
+            mixed = model(ids, mask)
+            monkeypatch.setattr(bert.BertLayer, "_direct_linears", lambda self, x: None)
+            assert torch.equal(mixed, model(ids, mask))
 
 
 def _unchanged(model, before):
