@@ -1,6 +1,8 @@
 // GELU (+bias) and GeGLU forward: vectorized elementwise kernels (16-byte loads), fp32 math.
-// Exact GELU: 0.5*x*(1 + erf(x/sqrt 2)); tanh form: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))).
+// Exact GELU: 0.5*x*(1 + erf(x/sqrt 2)); tanh form: 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))); quick GELU:
+// x * sigmoid(1.702 x) (act_math.cuh).
 #include "act.h"
+#include "act_math.cuh"
 #include "cuda_utils.h"
 
 namespace fastenc_cuda {
@@ -8,8 +10,9 @@ namespace {
 
 // The tanh form uses 0.5*(1 + tanh(u)) = 1/(1 + exp(-2u)): with --use_fast_math, tanhf becomes tanh.approx
 // (about 11 bits), too coarse for fp32, while exp stays within a few ulp. Large |u| saturates to x or -0.
-__device__ __forceinline__ float gelu_f(float v, bool tanh_approx) {
-  if (tanh_approx) {
+__device__ __forceinline__ float gelu_f(float v, int form) {
+  if (form == kGeluQuick) return x_sigmoid_f(v, kQuickK);
+  if (form == kGeluTanh) {
     const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
     return v / (1.f + expf(-2.f * u));
   }
@@ -19,7 +22,7 @@ __device__ __forceinline__ float gelu_f(float v, bool tanh_approx) {
 // out[r, c] = gelu(x[r, c] + bias[c]) over `total` vectors of VEC elements; a row holds `row_vecs` vectors.
 template <typename T, int VEC>
 __global__ void gelu_fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ out,
-                                int64_t total, int64_t row_vecs, bool tanh_approx) {
+                                int64_t total, int64_t row_vecs, int form) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float v[VEC];
@@ -31,7 +34,7 @@ __global__ void gelu_fwd_kernel(const T* __restrict__ x, const T* __restrict__ b
       for (int j = 0; j < VEC; ++j) v[j] += b[j];
     }
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = gelu_f(v[j], tanh_approx);
+    for (int j = 0; j < VEC; ++j) v[j] = gelu_f(v[j], form);
     store_f32<T, VEC>(out + i * VEC, v);
   }
 }
@@ -39,7 +42,7 @@ __global__ void gelu_fwd_kernel(const T* __restrict__ x, const T* __restrict__ b
 // out[r, c] = gelu(x[r, c]) * x[r, n + c] for c < n; `row_vecs` = n / VEC vectors per output row.
 template <typename T, int VEC>
 __global__ void geglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t total, int64_t row_vecs,
-                                 int64_t n, bool tanh_approx) {
+                                 int64_t n, int form) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / row_vecs, c = (i - row * row_vecs) * VEC;
@@ -47,7 +50,7 @@ __global__ void geglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ out, i
     load_f32<T, VEC>(x + row * 2 * n + c, a);
     load_f32<T, VEC>(x + row * 2 * n + n + c, g);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) a[j] = gelu_f(a[j], tanh_approx) * g[j];
+    for (int j = 0; j < VEC; ++j) a[j] = gelu_f(a[j], form) * g[j];
     store_f32<T, VEC>(out + row * n + c, a);
   }
 }
@@ -56,9 +59,12 @@ __global__ void geglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ out, i
 //   exact: gelu'(v) = Phi(v) + v phi(v),  Phi(v) = (1 + erf(v / sqrt 2)) / 2,  phi(v) = exp(-v^2 / 2) / sqrt(2 pi)
 //   tanh:  s = 1 / (1 + exp(-2u)) = (1 + tanh u) / 2,  gelu(v) = v s,
 //          gelu'(v) = s + 2 v s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 v^2)     (1 - tanh^2 u = 4 s (1 - s))
+//   quick: s = sigmoid(1.702 v),  gelu(v) = v s,  gelu'(v) = s + 1.702 v s (1 - s)
 // At +-inf both give NaN (inf * 0), as torch's gelu_backward.
-__device__ __forceinline__ void gelu_and_grad_f(float v, bool tanh_approx, float& y, float& d) {
-  if (tanh_approx) {
+__device__ __forceinline__ void gelu_and_grad_f(float v, int form, float& y, float& d) {
+  if (form == kGeluQuick) {
+    x_sigmoid_and_grad_f(v, kQuickK, y, d);
+  } else if (form == kGeluTanh) {
     const float s = 1.f / (1.f + expf(-1.5957691216057308f * (v + 0.044715f * v * v * v)));
     y = v * s;
     d = s + v * s * (1.f - s) * 1.5957691216057308f * (1.f + 0.134145f * v * v);
@@ -72,7 +78,7 @@ __device__ __forceinline__ void gelu_and_grad_f(float v, bool tanh_approx, float
 // dx[r, c] = grad[r, c] * gelu'(x[r, c] + bias[c]) over `total` vectors of VEC elements (bias: row_vecs per row).
 template <typename T, int VEC>
 __global__ void gelu_bwd_kernel(const T* __restrict__ grad, const T* __restrict__ x, const T* __restrict__ bias,
-                                T* __restrict__ dx, int64_t total, int64_t row_vecs, bool tanh_approx) {
+                                T* __restrict__ dx, int64_t total, int64_t row_vecs, int form) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float v[VEC], g[VEC];
@@ -87,7 +93,7 @@ __global__ void gelu_bwd_kernel(const T* __restrict__ grad, const T* __restrict_
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       float y, d;
-      gelu_and_grad_f(v[j], tanh_approx, y, d);
+      gelu_and_grad_f(v[j], form, y, d);
       g[j] *= d;
     }
     store_f32<T, VEC>(dx + i * VEC, g);
@@ -97,7 +103,7 @@ __global__ void gelu_bwd_kernel(const T* __restrict__ grad, const T* __restrict_
 // x = [a | gate] (rows, 2n), grad (rows, n): dx[r, c] = grad * gate * gelu'(a), dx[r, n + c] = grad * gelu(a).
 template <typename T, int VEC>
 __global__ void geglu_bwd_kernel(const T* __restrict__ grad, const T* __restrict__ x, T* __restrict__ dx,
-                                 int64_t total, int64_t row_vecs, int64_t n, bool tanh_approx) {
+                                 int64_t total, int64_t row_vecs, int64_t n, int form) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / row_vecs, c = (i - row * row_vecs) * VEC;
@@ -108,7 +114,7 @@ __global__ void geglu_bwd_kernel(const T* __restrict__ grad, const T* __restrict
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       float y, d;
-      gelu_and_grad_f(a[j], tanh_approx, y, d);
+      gelu_and_grad_f(a[j], form, y, d);
       a[j] = g[j] * gt[j] * d;
       gt[j] = g[j] * y;
     }
@@ -121,7 +127,7 @@ constexpr int kThreads = 256;
 
 }  // namespace
 
-cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, int64_t n, bool tanh_approx,
+cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, int64_t n, int form,
                      int dtype, cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
@@ -133,16 +139,16 @@ cudaError_t gelu_fwd(const void* x, const void* bias, void* out, int64_t rows, i
     if (n % V == 0 && aligned16(x) && aligned16(out) && (bias == nullptr || aligned16(bias))) {
       const int64_t total = rows * n / V;
       gelu_fwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, bp, op, total, n / V,
-                                                                               tanh_approx);
+                                                                               form);
     } else {
       const int64_t total = rows * n;
-      gelu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, bp, op, total, n, tanh_approx);
+      gelu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, bp, op, total, n, form);
     }
     return cudaGetLastError();
   });
 }
 
-cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool tanh_approx, int dtype,
+cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, int form, int dtype,
                       cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
@@ -153,10 +159,10 @@ cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool ta
     if (n % V == 0 && aligned16(x) && aligned16(out)) {
       const int64_t total = rows * n / V;
       geglu_fwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, op, total, n / V, n,
-                                                                                tanh_approx);
+                                                                                form);
     } else {
       const int64_t total = rows * n;
-      geglu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, op, total, n, n, tanh_approx);
+      geglu_fwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(xp, op, total, n, n, form);
     }
     return cudaGetLastError();
   });
@@ -165,7 +171,7 @@ cudaError_t geglu_fwd(const void* x, void* out, int64_t rows, int64_t n, bool ta
 // The vector path needs every pointer 16-byte aligned and rows a whole number of vectors; any other input
 // (a storage-offset view, a width like 1001) takes the element-wise path (VEC = 1: no vector access at all).
 cudaError_t gelu_bwd(const void* grad, const void* x, const void* bias, void* dx, int64_t rows, int64_t n,
-                     bool tanh_approx, int dtype, cudaStream_t stream) {
+                     int form, int dtype, cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
     using T = decltype(zero);
@@ -177,17 +183,17 @@ cudaError_t gelu_bwd(const void* grad, const void* x, const void* bias, void* dx
     if (n % V == 0 && aligned16(grad) && aligned16(x) && aligned16(dx) && (bias == nullptr || aligned16(bias))) {
       const int64_t total = rows * n / V;
       gelu_bwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, bp, dp, total, n / V,
-                                                                               tanh_approx);
+                                                                               form);
     } else {
       const int64_t total = rows * n;
       gelu_bwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, bp, dp, total, n,
-                                                                               tanh_approx);
+                                                                               form);
     }
     return cudaGetLastError();
   });
 }
 
-cudaError_t geglu_bwd(const void* grad, const void* x, void* dx, int64_t rows, int64_t n, bool tanh_approx,
+cudaError_t geglu_bwd(const void* grad, const void* x, void* dx, int64_t rows, int64_t n, int form,
                       int dtype, cudaStream_t stream) {
   if (rows == 0 || n == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto zero) -> cudaError_t {
@@ -199,11 +205,11 @@ cudaError_t geglu_bwd(const void* grad, const void* x, void* dx, int64_t rows, i
     if (n % V == 0 && aligned16(grad) && aligned16(x) && aligned16(dx)) {
       const int64_t total = rows * n / V;
       geglu_bwd_kernel<T, V><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, dp, total, n / V, n,
-                                                                                tanh_approx);
+                                                                                form);
     } else {
       const int64_t total = rows * n;
       geglu_bwd_kernel<T, 1><<<grid_for(total, kThreads), kThreads, 0, stream>>>(gp, xp, dp, total, n, n,
-                                                                                tanh_approx);
+                                                                                form);
     }
     return cudaGetLastError();
   });

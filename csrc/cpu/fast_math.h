@@ -68,4 +68,25 @@ FASTENC_INLINE float fm_gelu_tanh(float x) {
   return x < -13.0f ? x * 0.0f : x / (1.0f + fm_exp(-u2));  // -inf -> NaN, as torch's F.gelu
 }
 
+// x * sigmoid(k x) = x / (1 + exp(-k x)): k = 1 is SiLU (swish), k = 1.702 quick GELU (CLIP's). Below k x = -87
+// the result is -0 to within 1e-36 (x * 0: NaN at -inf, as torch's x * sigmoid(k x)); +inf -> +inf, NaN -> NaN.
+FASTENC_INLINE float fm_x_sigmoid(float x, float k) {
+  const float u = k * x;
+  return u < -87.0f ? x * 0.0f : x / (1.0f + fm_exp(-u));
+}
+
+FASTENC_INLINE float fm_silu(float x) { return fm_x_sigmoid(x, 1.0f); }
+FASTENC_INLINE float fm_gelu_quick(float x) { return fm_x_sigmoid(x, 1.702f); }
+
+// y = x sigmoid(k x) and its derivative d = s + k x s (1 - s), s = sigmoid(k x), from one exp. Tails: k x < -87
+// gives y = x * 0, d = 0 + (x - x) (-0 and 0 there, NaN at -inf); +inf gives y = inf, d = 1 + inf * 0 = NaN, as
+// torch's autograd of x * sigmoid(k x); NaN stays NaN.
+FASTENC_INLINE void fm_x_sigmoid_and_grad(float x, float k, float& y, float& d) {
+  const float u = k * x;
+  const float s = 1.0f / (1.0f + fm_exp(-u));
+  const bool tail = u < -87.0f;
+  y = tail ? x * 0.0f : x * s;
+  d = tail ? (x - x) : s + u * s * (1.0f - s);
+}
+
 }  // namespace fastenc_cpu

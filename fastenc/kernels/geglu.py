@@ -9,11 +9,11 @@ import triton
 import triton.language as tl
 
 from fastenc.kernels._util import on_device
-from fastenc.kernels.gelu import _gelu_f32, _gelu_grad_f32, tile_config
+from fastenc.kernels.gelu import _gelu_f32, _gelu_grad_f32, approx_code, tile_config
 
 
 @triton.jit
-def _geglu_fwd_kernel(X, Y, M, N, stride_x, stride_y, APPROX_TANH: tl.constexpr, ROWS: tl.constexpr,
+def _geglu_fwd_kernel(X, Y, M, N, stride_x, stride_y, APPROX: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK_N: tl.constexpr):
     # x row = [input (N) | gate (N)];  y[r, c] = gelu(x[r, c]) * x[r, N + c]   (fp32 math, gelu as in gelu.py)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
@@ -22,12 +22,12 @@ def _geglu_fwd_kernel(X, Y, M, N, stride_x, stride_y, APPROX_TANH: tl.constexpr,
     base = X + rows.to(tl.int64) * stride_x + cols
     a = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(base + N, mask=mask, other=0.0).to(tl.float32)
-    y = _gelu_f32(a, APPROX_TANH) * g
+    y = _gelu_f32(a, APPROX) * g
     tl.store(Y + rows.to(tl.int64) * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _geglu_bwd_kernel(G, X, DX, M, N, stride_g, stride_x, stride_dx, APPROX_TANH: tl.constexpr, ROWS: tl.constexpr,
+def _geglu_bwd_kernel(G, X, DX, M, N, stride_g, stride_x, stride_dx, APPROX: tl.constexpr, ROWS: tl.constexpr,
                       BLOCK_N: tl.constexpr):
     # x row = [a (N) | gate (N)], out = gelu(a) * gate; recomputed from x (fp32 math):
     #   dx[r, c]     = g[r, c] * gate[r, c] * gelu'(a[r, c])      (d input)
@@ -40,8 +40,8 @@ def _geglu_bwd_kernel(G, X, DX, M, N, stride_g, stride_x, stride_dx, APPROX_TANH
     a = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     gate = tl.load(base + N, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + rows64 * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
-    da = g * gate * _gelu_grad_f32(a, APPROX_TANH)
-    dg = g * _gelu_f32(a, APPROX_TANH)
+    da = g * gate * _gelu_grad_f32(a, APPROX)
+    dg = g * _gelu_f32(a, APPROX)
     dst = DX + rows64 * stride_dx + cols
     tl.store(dst, da.to(DX.dtype.element_ty), mask=mask)
     tl.store(dst + N, dg.to(DX.dtype.element_ty), mask=mask)
@@ -58,7 +58,7 @@ def geglu_fwd(x: torch.Tensor, approximate: str, *, out: torch.Tensor | None = N
     cfg = tile_config(n)
     grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(n, cfg["BLOCK_N"]))
     with on_device(x):
-        _geglu_fwd_kernel[grid](x, y, m, n, x.stride(0), y.stride(0), APPROX_TANH=approximate == "tanh",
+        _geglu_fwd_kernel[grid](x, y, m, n, x.stride(0), y.stride(0), APPROX=approx_code(approximate),
                                 ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], num_warps=cfg["num_warps"])
     return y
 
@@ -81,35 +81,36 @@ def geglu_bwd(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Te
     grid = (triton.cdiv(m, cfg["ROWS"]), triton.cdiv(n, cfg["BLOCK_N"]))
     with on_device(x):
         _geglu_bwd_kernel[grid](grad, x, dx, m, n, grad.stride(0), x.stride(0), dx.stride(0),
-                                APPROX_TANH=approximate == "tanh", ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"],
+                                APPROX=approx_code(approximate), ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"],
                                 num_warps=cfg["num_warps"])
     return dx
 
 
 def compile_specs() -> list[dict]:
     specs = []
-    # ModernBERT-base intermediate 1152, -large 2624; a tanh variant.
-    for name, dt, n, tanh in (("geglu_bf16_1152_erf", "bf16", 1152, False), ("geglu_fp16_2624_erf", "fp16", 2624, False),
-                              ("geglu_fp32_1000_tanh", "fp32", 1000, True)):
+    # ModernBERT-base intermediate 1152, -large 2624; a tanh and a quick variant.
+    for name, dt, n, approx in (("geglu_bf16_1152_erf", "bf16", 1152, 0), ("geglu_fp16_2624_erf", "fp16", 2624, 0),
+                                ("geglu_fp32_1000_tanh", "fp32", 1000, 1), ("geglu_bf16_1152_quick", "bf16", 1152, 2)):
         cfg = tile_config(n)
         p = "*" + dt
         specs.append({
             "name": name, "fn": _geglu_fwd_kernel,
             "signature": {"X": p, "Y": p, "M": "i32", "N": "i32", "stride_x": "i32", "stride_y": "i32",
-                          "APPROX_TANH": "constexpr", "ROWS": "constexpr", "BLOCK_N": "constexpr"},
-            "constexprs": {"APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
+                          "APPROX": "constexpr", "ROWS": "constexpr", "BLOCK_N": "constexpr"},
+            "constexprs": {"APPROX": approx, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
             "divisible_by_16": ["N", "stride_x", "stride_y"] if n % 16 == 0 else [],
             "num_warps": cfg["num_warps"], "num_stages": 1,
         })
-    for name, dt, n, tanh in (("geglu_bwd_bf16_1152_erf", "bf16", 1152, False),
-                              ("geglu_bwd_fp32_1000_tanh", "fp32", 1000, True)):
+    for name, dt, n, approx in (("geglu_bwd_bf16_1152_erf", "bf16", 1152, 0),
+                                ("geglu_bwd_fp32_1000_tanh", "fp32", 1000, 1),
+                                ("geglu_bwd_fp16_1152_quick", "fp16", 1152, 2)):
         cfg = tile_config(n)
         p = "*" + dt
         specs.append({
             "name": name, "fn": _geglu_bwd_kernel,
             "signature": {"G": p, "X": p, "DX": p, "M": "i32", "N": "i32", "stride_g": "i32", "stride_x": "i32",
-                          "stride_dx": "i32", "APPROX_TANH": "constexpr", "ROWS": "constexpr", "BLOCK_N": "constexpr"},
-            "constexprs": {"APPROX_TANH": tanh, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
+                          "stride_dx": "i32", "APPROX": "constexpr", "ROWS": "constexpr", "BLOCK_N": "constexpr"},
+            "constexprs": {"APPROX": approx, "ROWS": cfg["ROWS"], "BLOCK_N": cfg["BLOCK_N"]},
             "divisible_by_16": ["N", "stride_g", "stride_x", "stride_dx"] if n % 16 == 0 else [],
             "num_warps": cfg["num_warps"], "num_stages": 1,
         })

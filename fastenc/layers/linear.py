@@ -117,7 +117,10 @@ class Linear(nn.Module):
 
     def gelu_epilogue(self, x: torch.Tensor, approximate: str) -> torch.Tensor | None:
         """gelu(x @ weight.T + bias) with the bias and the GELU ("none" | "tanh") in the panel GEMM's epilogue, or
-        None where that GEMM does not run (prepack.use_panels)."""
+        None where that GEMM does not run (prepack.use_panels) or has no such GELU (quick: the caller runs the GEMM,
+        then the GELU kernel)."""
+        if approximate not in ("none", "tanh"):
+            return None
         w = self.weight
         if self.int8 is not None:
             return self._int8().linear(w, x, self.bias, extension.buffer_empty((x.shape[0], self.out_features), x),

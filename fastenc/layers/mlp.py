@@ -17,6 +17,7 @@ _ACTS = {
     "gelu_new": ("tanh", None),
     "gelu_pytorch_tanh": ("tanh", None),
     "gelu_fast": ("tanh", None),
+    "quick_gelu": ("quick", None),  # CLIP's x * sigmoid(1.702 x)
     "relu": (None, F.relu),
     "silu": (None, F.silu),
     "swish": (None, F.silu),

@@ -39,9 +39,12 @@ def check_eps(op: str, eps: Any) -> float:
     return float(eps)
 
 
+APPROXIMATIONS = ("none", "tanh", "quick")  # GELU forms: exact erf, tanh, quick x * sigmoid(1.702 x)
+
+
 def check_approximate(op: str, approximate: Any) -> str:
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"{op}: approximate must be 'none', 'tanh' or 'quick', got {approximate!r}")
     return approximate
 
 

@@ -111,7 +111,8 @@ _geglu_op.register_autograd(_backward, _setup_context)
 
 def geglu(x: torch.Tensor, approximate: str = "none", backend: str | None = None, *,
           out: torch.Tensor | None = None) -> torch.Tensor:
-    """ModernBERT's GeGLU. x: (..., 2N) fp32/fp16/bf16 -> (..., N); approximate: 'none' (exact) | 'tanh'.
+    """ModernBERT's GeGLU. x: (..., 2N) fp32/fp16/bf16 -> (..., N); approximate: 'none' (exact) | 'tanh' | 'quick'
+    (x * sigmoid(1.702 x)).
 
     out: (..., N) of x's dtype, written and returned; may be x[..., :N] of a contiguous (rows, 2N) x (in place),
     must not otherwise overlap x. An inference form: refused when x requires grad.

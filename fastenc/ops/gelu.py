@@ -1,4 +1,4 @@
-"""fastenc.ops.gelu: GELU (exact erf or tanh form) with an optional fused bias add, optionally into `out` (which
+"""fastenc.ops.gelu: GELU (exact erf, tanh or quick form) with an optional fused bias add, optionally into `out` (which
 may be x itself: in place); backward dx = grad * gelu'(x + bias), dbias = dx summed over rows."""
 from __future__ import annotations
 
@@ -121,7 +121,8 @@ _gelu_op.register_autograd(_backward, _setup_context)
 
 def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none",
          backend: str | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """gelu(x + bias). x: (..., N) fp32/fp16/bf16; bias: (N,) same dtype; approximate: 'none' | 'tanh'.
+    """gelu(x + bias). x: (..., N) fp32/fp16/bf16; bias: (N,) same dtype; approximate: 'none' (exact erf) | 'tanh' |
+    'quick' (x * sigmoid(1.702 x), CLIP's quick_gelu).
 
     gelu(+inf) = +inf, gelu(-inf) = NaN and NaN -> NaN on every backend, as torch's F.gelu.
     out: written and returned instead of a new tensor; x's shape and dtype, contiguous; may be x itself (in place,

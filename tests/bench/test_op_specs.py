@@ -65,7 +65,7 @@ def test_a_new_spec_module_is_found_by_iterating_the_package(toy_spec):
 
 def test_every_spec_declares_what_the_harness_asks():
     specs = op_specs.specs()
-    assert {"layer_norm", "rms_norm", "gelu", "geglu", "dropout", "rope", "attention", "merge_lora",
+    assert {"layer_norm", "rms_norm", "gelu", "geglu", "swiglu", "dropout", "rope", "attention", "merge_lora",
             "lora_linear"} <= set(specs)
     for op, spec in specs.items():
         assert spec.OP == op and spec.BOUND in ("memory", "compute")
@@ -75,6 +75,6 @@ def test_every_spec_declares_what_the_harness_asks():
             nbytes, flops = spec.work(c, 4)
             assert nbytes > 0 and flops > 0, (op, c.shape)
     assert [c.op for c in backward.backward_cases(quick=True)] == [
-        "attention", "layer_norm", "rms_norm", "gelu", "geglu", "rope", "lora_linear"]
+        "attention", "layer_norm", "rms_norm", "gelu", "geglu", "swiglu", "rope", "lora_linear"]
     with pytest.raises(ValueError, match="no benchmark spec for op 'softmax'"):
         op_specs.spec("softmax")

@@ -11,7 +11,7 @@ def run(*args, env=None):
 def test_info_lists_every_op_and_backend():
     out = run("info")
     assert out.returncode == 0, out.stderr
-    for op in ("layer_norm", "rms_norm", "gelu", "geglu", "rope", "attention"):
+    for op in ("layer_norm", "rms_norm", "gelu", "geglu", "swiglu", "rope", "attention"):
         assert op in out.stdout
     for backend in ("reference", "triton", "cuda", "cpu"):
         assert backend in out.stdout

@@ -1,4 +1,4 @@
-"""Bad input to the norm, activation and rope ops, and bad backend choices: each raises ValueError or TypeError
+"""Bad input to the norm, activation (gelu, geglu, swiglu) and rope ops, and bad backend choices: each raises ValueError or TypeError
 whose message names the argument, what was expected and what was received."""
 import pytest
 import torch
@@ -63,7 +63,18 @@ CASES = [
     ("rms-eps-string", lambda: ops.rms_norm(r(4, 384), r(384), eps="1e-6"), TypeError, ["eps", "float", "str"]),
     # activations
     ("gelu-approximate", lambda: ops.gelu(r(4, 8), approximate="fast"), ValueError,
-     ["approximate", "'none' or 'tanh'", "'fast'"]),
+     ["approximate", "'none', 'tanh' or 'quick'", "'fast'"]),
+    ("geglu-approximate", lambda: ops.geglu(r(4, 8), approximate="quick_gelu"), ValueError,
+     ["geglu", "approximate", "'quick'", "'quick_gelu'"]),
+    ("swiglu-odd-width", lambda: ops.swiglu(r(4, 1001)), ValueError, ["swiglu", "x", "even last dim", "1001"]),
+    ("swiglu-0d", lambda: ops.swiglu(torch.tensor(1.0)), ValueError, ["swiglu", "x", "even last dim", "0-d"]),
+    ("swiglu-int-x", lambda: ops.swiglu(torch.ones(4, 8, dtype=torch.int32)), TypeError, ["swiglu", "x", "int32"]),
+    ("swiglu-up-shape", lambda: ops.swiglu(r(4, 8), r(4, 9)), ValueError, ["swiglu", "up", "(4, 8)", "(4, 9)"]),
+    ("swiglu-up-dtype", lambda: ops.swiglu(r(4, 8), up=r(4, 8, dtype=torch.bfloat16)), TypeError,
+     ["swiglu", "up", "gate's dtype float32", "bfloat16"]),
+    ("swiglu-up-device", lambda: ops.swiglu(r(4, 8), torch.empty(4, 8, device="meta")), ValueError,
+     ["swiglu", "up", "gate's device cpu", "meta"]),
+    ("swiglu-up-not-tensor", lambda: ops.swiglu(r(4, 8), up=[1.0] * 8), TypeError, ["swiglu", "up", "list"]),
     ("geglu-odd-width", lambda: ops.geglu(r(4, 7)), ValueError, ["last dim", "even", "(4, 7)"]),
     ("gelu-bias-length", lambda: ops.gelu(r(4, 8), r(9)), ValueError, ["bias", "(8,)", "(9,)"]),
     ("ln-input-bias-length", lambda: ops.layer_norm(r(4, 384), r(384), input_bias=r(383)), ValueError,

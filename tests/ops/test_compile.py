@@ -172,3 +172,23 @@ def test_compiled_attention_checks_max_seqlen_every_call():
         short = torch.tensor([0, 1, 2, x.shape[0]], dtype=torch.int32)  # a last sequence longer than max_seqlen
         with pytest.raises(Exception, match="max_seqlen must be an int >= the longest sequence"):
             f(q, short)
+
+
+def test_swiglu_both_forms_compile_fullgraph_with_backward():
+    """A LLaMA-style gated MLP through swiglu's two forms (fused [gate | up] and separate projections) traces with no
+    graph break and gives eager's outputs and gradients."""
+    w_fused, w_gate, w_up = randn(2 * FFN, HIDDEN), randn(FFN, HIDDEN), randn(FFN, HIDDEN)
+
+    def mlp(x, wf, wg, wu):
+        return ops.swiglu(x @ wf.t()) + ops.swiglu(x @ wg.t(), x @ wu.t())
+
+    leaves = [t.requires_grad_(True) for t in (randn(11, HIDDEN), w_fused, w_gate, w_up)]
+    twins = [t.detach().clone().requires_grad_(True) for t in leaves]
+    want = mlp(*leaves)
+    want.square().sum().backward()
+    got = torch.compile(mlp, fullgraph=True, backend="aot_eager")(*twins)
+    got.square().sum().backward()
+    _assert_no_graph_break()
+    assert_close(got, want.detach(), name="out")
+    for i, (a, b) in enumerate(zip(twins, leaves)):
+        assert_close(a.grad, b.grad, name=f"grad {i}")

@@ -7,7 +7,7 @@ import torch
 import fastenc
 from fastenc import testing
 from fastenc.reference import (attention_varlen_ref, geglu_ref, gelu_ref, layer_norm_ref, merge_lora_ref, rms_norm_ref,
-                               rope_ref)
+                               rope_ref, swiglu_ref)
 from fastenc.reference.rope import rope_cache
 
 # rows x hidden: 17 x 384 = 6.5k elements (serial), 129 x 1001 = 129k (a team; 2^16 is the threshold)
@@ -77,6 +77,17 @@ def test_geglu(size, nthreads, threads):
     rows, n = SIZES[size]
     x, gy = testing.randn(rows, 2 * n), testing.randn(rows, n)
     _check(lambda x: fastenc.ops.geglu(x, backend="cpu"), lambda x: geglu_ref(x), [x], [gy], ["y", "dx"])
+
+
+@pytest.mark.parametrize("size, nthreads", CASES)
+def test_swiglu(size, nthreads, threads):
+    threads(nthreads)
+    rows, n = SIZES[size]
+    x, gy = testing.randn(rows, 2 * n, scale=3.0), testing.randn(rows, n)
+    _check(lambda x: fastenc.ops.swiglu(x, backend="cpu"), lambda x: swiglu_ref(x), [x], [gy], ["y", "dx"])
+    gate, up = x[:, :n].contiguous(), x[:, n:].contiguous()
+    _check(lambda g, u: fastenc.ops.swiglu(g, u, backend="cpu"), lambda g, u: swiglu_ref(g, u), [gate, up], [gy],
+           ["y", "dgate", "dup"])
 
 
 @pytest.mark.parametrize("size, nthreads", CASES)

@@ -27,7 +27,7 @@ def _x(backend, dtype=torch.float32, shape=(2, 768)):
     return {"x": testing.fake(*shape, dtype=dtype, device=testing.device_for(backend))}
 
 
-CASES = testing.cases(OP, itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh")),
+CASES = testing.cases(OP, itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh", "quick")),
                       lambda be, dt, sh, ap: _x(be, dt, sh),
                       ids=lambda be, dt, sh, ap: f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}")
 FP32 = testing.backend_cases(OP, _x)
@@ -57,6 +57,7 @@ def test_geglu_non_contiguous(backend):
     dev = testing.device_for(backend)
     _check(backend, testing.randn(2000, 9, device=dev).t(), "none")
     _check(backend, testing.randn(9, 4000, device=dev)[:, ::2], "tanh")
+    _check(backend, testing.randn(9, 4000, device=dev)[:, 1::2], "quick")
 
 
 @pytest.mark.parametrize("backend", FP32)
@@ -126,7 +127,8 @@ def test_geglu_misaligned(backend, dtype):
     assert x.storage_offset() == 1
     _check(backend, x, "none")
     out = testing.poison(torch.empty(3 * 1001 + 1, dtype=dtype, device=dev))[1:].view(3, 1001)
-    fastenc.ops.geglu(x, approximate="tanh", backend=backend, out=out)
-    ref = geglu_ref(x, "tanh")
-    testing.assert_close(out, ref, geglu_ref(x, "tanh", upcast=False) if dtype != torch.float32 else None,
-                         extra=testing.interpreter_extra(backend, dtype, ref))
+    for approximate in ("tanh", "quick"):
+        fastenc.ops.geglu(x, approximate=approximate, backend=backend, out=testing.poison(out))
+        ref = geglu_ref(x, approximate)
+        testing.assert_close(out, ref, geglu_ref(x, approximate, upcast=False) if dtype != torch.float32 else None,
+                             extra=testing.interpreter_extra(backend, dtype, ref))

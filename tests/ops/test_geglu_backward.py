@@ -26,7 +26,7 @@ def _check(backend, x, approximate, grad_out):
 
 
 CASES = [pytest.param(be, dt, sh, ap, id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}")
-         for be, dt, sh, ap in itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh"))]
+         for be, dt, sh, ap in itertools.product(BACKENDS, testing.DTYPES, SHAPES, ("none", "tanh", "quick"))]
 
 
 @pytest.mark.parametrize("backend,dtype,shape,approximate", CASES)
@@ -54,6 +54,7 @@ def test_geglu_backward_misaligned(backend):
     x = testing.randn(3 * 2002 + 1, device=dev, scale=2.0)[1:].view(3, 2002)
     assert x.storage_offset() == 1
     _check(backend, x, "none", testing.randn(3, 1001, device=dev))
+    _check(backend, x, "quick", testing.randn(3, 1001, device=dev))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -72,7 +73,7 @@ def test_geglu_backward_input_without_grad(backend):
 
 
 def test_geglu_bwd_reference_matches_autograd():
-    for approximate in ("none", "tanh"):
+    for approximate in ("none", "tanh", "quick"):
         x = testing.randn(17, 514, scale=3.0).double().requires_grad_(True)
         g = testing.randn(17, 257).double()
         geglu_ref(x, approximate, upcast=False).backward(g)
@@ -93,7 +94,7 @@ class _GegluRef(torch.autograd.Function):
         return geglu_bwd_ref(g, x, ctx.approximate, upcast=False), None
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "quick"])
 def test_geglu_bwd_reference_gradcheck(approximate):
     x = testing.randn(5, 14, scale=2.0).double().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: _GegluRef.apply(x, approximate), (x,))

@@ -1,4 +1,4 @@
-"""gelu (exact erf and tanh forms, optional fused bias): every backend against the fp32 reference."""
+"""gelu (exact erf, tanh and quick forms, optional fused bias): every backend against the fp32 reference."""
 import itertools
 
 import pytest
@@ -15,6 +15,11 @@ BACKENDS = testing.backends_for(OP)
 SHAPES = [(1, 384), (17, 1000), (2, 3, 1152), (3, 4100)]
 
 
+def torch_gelu(x, approximate):
+    """torch's own GELU: F.gelu, or quick GELU as transformers' QuickGELUActivation, x * sigmoid(1.702 x)."""
+    return x * torch.sigmoid(1.702 * x) if approximate == "quick" else F.gelu(x, approximate=approximate)
+
+
 def _check(backend, x, bias, approximate):
     out = fastenc.ops.gelu(x, bias, approximate=approximate, backend=backend)
     ref = gelu_ref(x, bias, approximate)
@@ -29,7 +34,7 @@ def _x(backend, dtype=torch.float32, shape=(2, 384)):
 
 
 CASES = testing.cases(OP, ((be, dt, sh, bias, ap) for be, dt, sh, (bias, ap) in itertools.product(
-                          BACKENDS, testing.DTYPES, SHAPES, ((False, "none"), (True, "none"), (True, "tanh")))),
+                          BACKENDS, testing.DTYPES, SHAPES, ((False, "none"), (True, "none"), (True, "tanh"), (True, "quick")))),
                       lambda be, dt, sh, bias, ap: _x(be, dt, sh),
                       ids=lambda be, dt, sh, bias, ap: f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}"
                                                        f"{'-bias' if bias else ''}")
@@ -46,14 +51,14 @@ def test_gelu(backend, dtype, shape, bias, approximate):
 
 
 @pytest.mark.parametrize("backend", FP32)
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "quick"])
 def test_gelu_tails_and_specials(backend, approximate):
     """Far tails (exp overflow/underflow in the tanh rewrite, erf saturation) and exact zeros, in fp32."""
     dev = testing.device_for(backend)
     x = torch.tensor([[-100.0, -30.0, -10.0, -5.5, -3.0, -1.27, -0.5, -1e-30, 0.0, 1e-30, 0.5, 1.27, 3.0, 5.5,
                        10.0, 30.0, 100.0]], device=dev)
     out = fastenc.ops.gelu(x, approximate=approximate, backend=backend)
-    testing.assert_close(out, F.gelu(x.double(), approximate=approximate).float())
+    testing.assert_close(out, torch_gelu(x.double(), approximate).float())
 
 
 @pytest.mark.parametrize("backend", FP32)
@@ -92,14 +97,14 @@ def test_triton_writes_every_element(dtype):
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not registered")
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "quick"])
 def test_cpu_gelu_dense_accuracy(approximate):
-    """The C++ kernel's own erf/exp (csrc/cpu/fast_math.h) on a dense fp32 grid against fp64: both forms to
+    """The C++ kernel's own erf/exp (csrc/cpu/fast_math.h) on a dense fp32 grid against fp64: every form to
     1e-6 absolute everywhere (PyTorch's own fp32 GELU errs up to ~1.2e-6); the exact form to 1e-4 relative for
     x >= -3 (A&S 7.1.26's erf bound of 1.5e-7 absolute, carried through erfc without cancellation)."""
     x = torch.linspace(-12.0, 12.0, 240001)
     out = fastenc.ops.gelu(x, approximate=approximate, backend="cpu").double()
-    ref = F.gelu(x.double(), approximate=approximate)
+    ref = torch_gelu(x.double(), approximate)
     assert float((out - ref).abs().max()) <= 1e-6
     if approximate == "none":
         sel = x >= -3.0
@@ -135,14 +140,24 @@ def test_cpu_gelu_limits(approximate):
     assert out[0, 4] == float("inf") and out[0, 5] == 1e30 and bool(out[0, 6].isnan())
 
 
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu backend not available")
+def test_cpu_quick_gelu_limits():
+    """Quick GELU's tail cut on the CPU (1.702 x < -87 -> -0) near the infinities: -inf gives NaN (-inf * 0, as
+    x * sigmoid(1.702 x) in torch), +inf gives +inf, NaN stays NaN."""
+    x = torch.tensor([[float("-inf"), -1e30, -60.0, -51.0, float("inf"), 1e30, float("nan")]])
+    out = fastenc.ops.gelu(x, approximate="quick", backend="cpu")
+    assert out[0, 1:4].abs().max() < 1e-30 and bool(torch.signbit(out[0, 1])) and bool(out[0, 0].isnan())
+    assert out[0, 4] == float("inf") and out[0, 5] == 1e30 and bool(out[0, 6].isnan())
+
+
 @pytest.mark.parametrize("backend,dtype", ALL_DTYPES)
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "quick"])
 def test_gelu_infinities_and_nan_as_torch(backend, approximate, dtype):
     """gelu(+inf) = +inf, gelu(-inf) = NaN (torch computes -inf * 0), NaN -> NaN: torch's F.gelu, every backend."""
     dev = testing.device_for(backend)
     x = torch.tensor([[float("inf"), float("-inf"), float("nan"), -20.0, 2.0]], device=dev, dtype=dtype)
     # torch's fp64 GELU: its vectorized fp32 erf form gives NaN for +inf on some CPUs (AVX-512 on AMD EPYC)
-    want = F.gelu(x.double(), approximate=approximate).float()
+    want = torch_gelu(x.double(), approximate).float()
     assert bool(want[0, 1].isnan()) and want[0, 0] == float("inf")
     for bias in (None, torch.zeros(5, device=dev, dtype=dtype)):
         out = fastenc.ops.gelu(x, bias, approximate=approximate, backend=backend).float()
@@ -189,7 +204,8 @@ def test_gelu_misaligned(backend, dtype):
     assert x.storage_offset() == 1 and b.storage_offset() == 1
     _check(backend, x, b, "none")
     out = testing.poison(torch.empty(3 * 1001 + 1, dtype=dtype, device=dev))[1:].view(3, 1001)
-    fastenc.ops.gelu(x, b, approximate="tanh", backend=backend, out=out)
-    ref = gelu_ref(x, b, "tanh")
-    testing.assert_close(out, ref, gelu_ref(x, b, "tanh", upcast=False) if dtype != torch.float32 else None,
-                         extra=testing.interpreter_extra(backend, dtype, ref))
+    for approximate in ("tanh", "quick"):
+        fastenc.ops.gelu(x, b, approximate=approximate, backend=backend, out=testing.poison(out))
+        ref = gelu_ref(x, b, approximate)
+        testing.assert_close(out, ref, gelu_ref(x, b, approximate, upcast=False) if dtype != torch.float32 else None,
+                             extra=testing.interpreter_extra(backend, dtype, ref))

@@ -1,4 +1,4 @@
-"""gelu backward (dx and the fused bias's dbias), exact and tanh: every backend against the reference formulas,
+"""gelu backward (dx and the fused bias's dbias), exact, tanh and quick: every backend against the reference formulas,
 which are themselves held to torch.autograd and to gradcheck in float64."""
 import itertools
 
@@ -43,7 +43,8 @@ def _check(backend, x, bias, approximate, grad_out):
 CASES = [pytest.param(be, dt, sh, bias, ap,
                       id=f"{be}-{testing.dtype_id(dt)}-{testing.shape_id(sh)}-{ap}{'-bias' if bias else ''}")
          for be, dt, sh, (bias, ap) in itertools.product(BACKENDS, testing.DTYPES, SHAPES,
-                                                         ((False, "none"), (True, "none"), (True, "tanh")))]
+                                                         ((False, "none"), (True, "none"), (True, "tanh"),
+                                                          (True, "quick")))]
 
 
 @pytest.mark.parametrize("backend,dtype,shape,bias,approximate", CASES)
@@ -132,14 +133,14 @@ def test_gelu_autograd_asks_only_for_the_gradients_needed(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "quick"])
 def test_gelu_backward_specials(backend, approximate):
     """+-inf and NaN give NaN gradients, far tails the step (1 or 0), as torch's gelu_backward."""
     dev = testing.device_for(backend)
     x = torch.tensor([[float("-inf"), -30.0, -13.5, -2.0, 0.0, 2.0, 13.5, 30.0, float("inf"), float("nan")]],
                      device=dev)
     xr = x.clone().requires_grad_(True)
-    F.gelu(xr, approximate=approximate).sum().backward()
+    (xr * torch.sigmoid(1.702 * xr) if approximate == "quick" else F.gelu(xr, approximate=approximate)).sum().backward()
     xx = x.clone().requires_grad_(True)
     fastenc.ops.gelu(xx, approximate=approximate, backend=backend).sum().backward()
     torch.testing.assert_close(xx.grad, xr.grad, equal_nan=True, rtol=1e-5, atol=1e-6)
@@ -147,7 +148,7 @@ def test_gelu_backward_specials(backend, approximate):
 
 def test_gelu_bwd_reference_matches_autograd():
     """The explicit derivative formulas against torch.autograd of the reference forward (fp64)."""
-    for approximate in ("none", "tanh"):
+    for approximate in ("none", "tanh", "quick"):
         x = testing.randn(33, 257, scale=4.0).double().requires_grad_(True)
         b = testing.randn(257).double().requires_grad_(True)
         g = testing.randn(33, 257).double()
@@ -173,7 +174,7 @@ class _GeluRef(torch.autograd.Function):
         return dx, dx.sum(0), None
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("approximate", ["none", "tanh", "quick"])
 def test_gelu_bwd_reference_gradcheck(approximate):
     x = testing.randn(7, 13, scale=2.0).double().requires_grad_(True)
     b = testing.randn(13).double().requires_grad_(True)

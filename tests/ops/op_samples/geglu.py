@@ -1,4 +1,4 @@
-"""geglu samples: exact and tanh forms, layouts, and out= (separate, or in place over the first half of x)."""
+"""geglu samples: exact, tanh and quick forms, layouts, and out= (separate, or in place over the first half of x)."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +15,7 @@ def case(draw, backend):
     d = Data(draw, backend)
     dtype = d.dtype("geglu")
     lead, n = lead_dims(d, is_small(d)), draw(st.sampled_from(HIDDEN), label="N")
-    approximate = draw(st.sampled_from(("none", "tanh")), label="approximate")
+    approximate = draw(st.sampled_from(("none", "tanh", "quick")), label="approximate")
     x = d.randn(*lead, 2 * n, dtype=dtype, scale=2.0)
     xv = d.place(x, "x")
     out = out_mode(d, xv, (*lead, n), dtype, xv[..., :n] if xv.is_contiguous() else None)
@@ -31,10 +31,12 @@ def opcheck_samples() -> dict[str, list[dict]]:
     """fastenc:: custom op -> opcheck samples keyed by its schema's argument names (no `backend`)."""
     r = testing.randn
     return {
-        "geglu": [dict(x=r(5, 768), approximate="none"), dict(x=r(3, 2000, dtype=torch.float16), approximate="tanh")],
+        "geglu": [dict(x=r(5, 768), approximate="none"), dict(x=r(3, 2000, dtype=torch.float16), approximate="tanh"),
+                  dict(x=r(3, 2002, dtype=torch.bfloat16), approximate="quick")],
         "geglu_out": [dict(x=r(5, 768), approximate="tanh", out=r(5, 384))],
         "geglu_bwd": [dict(grad=r(5, 384), x=r(5, 768), approximate="none"),
-                      dict(grad=r(3, 1000, dtype=torch.float16), x=r(3, 2000, dtype=torch.float16), approximate="tanh")],
+                      dict(grad=r(3, 1000, dtype=torch.float16), x=r(3, 2000, dtype=torch.float16), approximate="tanh"),
+                      dict(grad=r(3, 1001), x=r(3, 2002), approximate="quick")],
     }
 
 

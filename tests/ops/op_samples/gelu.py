@@ -1,4 +1,4 @@
-"""gelu samples: exact and tanh forms, bias, layouts, and out= (separate, or in place over x)."""
+"""gelu samples: exact, tanh and quick forms, bias, layouts, and out= (separate, or in place over x)."""
 from __future__ import annotations
 
 import torch
@@ -15,7 +15,7 @@ def case(draw, backend):
     d = Data(draw, backend)
     dtype = d.dtype("gelu")
     lead, n = lead_dims(d, is_small(d)), draw(st.sampled_from(HIDDEN), label="N")
-    approximate = draw(st.sampled_from(("none", "tanh")), label="approximate")
+    approximate = draw(st.sampled_from(("none", "tanh", "quick")), label="approximate")
     x = d.randn(*lead, n, dtype=dtype, scale=3.0)
     bias = d.randn(n, dtype=dtype) if draw(st.booleans(), label="bias") else None
     xv = d.place(x, "x")
@@ -35,6 +35,7 @@ def opcheck_samples() -> dict[str, list[dict]]:
         "gelu": [
             dict(x=r(5, 384), bias=r(384), approximate="none"),
             dict(x=r(3, 1000, dtype=torch.bfloat16), bias=None, approximate="tanh"),
+            dict(x=r(3, 1001), bias=r(1001), approximate="quick"),
         ],
         "gelu_out": [dict(x=r(5, 384), bias=r(384), approximate="none", out=r(5, 384))],
         "gelu_bwd": [
@@ -42,6 +43,7 @@ def opcheck_samples() -> dict[str, list[dict]]:
             dict(grad=r(3, 1000, dtype=torch.bfloat16), x=r(3, 1000, dtype=torch.bfloat16), bias=None,
                  approximate="tanh", need_dx=True, need_dbias=False),
             dict(grad=r(5, 384), x=r(5, 384), bias=r(384), approximate="tanh", need_dx=False, need_dbias=True),
+            dict(grad=r(3, 1001), x=r(3, 1001), bias=r(1001), approximate="quick", need_dx=True, need_dbias=True),
         ],
     }
 
