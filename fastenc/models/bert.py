@@ -131,6 +131,8 @@ class BertLayer(nn.Module):
         """(Wqkv, Wo, fc1, fc2) when each runs straight from a Plan's block (_direct_block): int8, or fp32 on the
         panel GEMM (prepack.use_panels, asked once for the block); else None."""
         mods, attn = self._modules, self._modules["attn"]._modules
+        if _GELU[mods["mlp"].act] not in ("none", "tanh"):  # (the GEMM epilogues' GELUs; quick is not one)
+            return None
         mlp = mods["mlp"]._modules
         lins = (attn["Wqkv"], attn["Wo"], mlp["fc1"], mlp["fc2"])
         panels = None
