@@ -58,6 +58,8 @@ BASE_SIZES = {
                 "RobertaConfig(vocab 50265, 514 positions, 1 token type, pad 1)"),
     "xlm-roberta": ({"vocab_size": 250002, "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1},
                     "XLMRobertaConfig(vocab 250002, 514 positions, 1 token type, pad 1)"),
+    "camembert": ({"vocab_size": 32005, "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1,
+                   "layer_norm_eps": 1e-5}, "CamembertConfig(vocab 32005, 514 positions, 1 token type, pad 1)"),
 }
 NAMES = {"vit": "vit-b16"}
 
