@@ -157,6 +157,15 @@ class _GivenHidden(torch.nn.Module):
                                           else self.pooler(h))
 
 
+def _pooler_of(encoder):
+    """The pooler of a transformers encoder as a function of its hidden states (batch, seq, dim), or None: BERT's
+    pooler module (it reads column 0 itself), or ALBERT's Linear `pooler` on column 0 then its `pooler_activation`."""
+    pooler, act = getattr(encoder, "pooler", None), getattr(encoder, "pooler_activation", None)
+    if pooler is None or act is None:
+        return pooler
+    return lambda hidden: act(pooler(hidden[:, 0]))
+
+
 class Head:
     """head(hidden (batch, seq, dim), inputs) -> logits (batch, labels): the part of a transformers classifier
     (sequence or image classification) after its encoder, in fp32, on given hidden states (padded positions
@@ -165,7 +174,7 @@ class Head:
     def __init__(self, model, arch):
         self.attr = arch.head_prefix.rstrip(".")
         self.encoder = getattr(model, self.attr)
-        self.stub = _GivenHidden(getattr(self.encoder, "pooler", None))
+        self.stub = _GivenHidden(_pooler_of(self.encoder))
         self.model = copy.copy(model)  # the same modules, but for the encoder
         self.model._modules = {**model._modules, self.attr: self.stub}
         self.full = model

@@ -58,6 +58,10 @@ BASE_SIZES = {
                 "RobertaConfig(vocab 50265, 514 positions, 1 token type, pad 1)"),
     "xlm-roberta": ({"vocab_size": 250002, "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1},
                     "XLMRobertaConfig(vocab 250002, 514 positions, 1 token type, pad 1)"),
+    "camembert": ({"vocab_size": 32005, "max_position_embeddings": 514, "type_vocab_size": 1, "pad_token_id": 1,
+                   "layer_norm_eps": 1e-5}, "CamembertConfig(vocab 32005, 514 positions, 1 token type, pad 1)"),
+    "albert": ({"embedding_size": 128, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
+               "albert-base-v2 shape (embedding 128, hidden 768, 12 layers sharing one block)"),
 }
 NAMES = {"vit": "vit-b16"}
 

@@ -46,6 +46,8 @@ _MODULES = (
     "electra",
     "roberta",
     "xlm_roberta",
+    "camembert",
+    "albert",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

@@ -288,17 +288,22 @@ class BertModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
             cols = torch.zeros_like(rows) if cols is None else cols
         at, at_queries = self._positions(input_ids, batch, ids, pos, rows, cols)
         packed_types = None if types is None else batch.gather(types)
+        layers = self.blocks()
         if type(self.embeddings) is BertEmbeddings:  # (its LayerNorm through the blocks' inference Plan)
-            x, plan = self.embeddings.planned(ids, at, packed_types, self.layers, batch.cu_seqlens)
+            x, plan = self.embeddings.planned(ids, at, packed_types, layers, batch.cu_seqlens)
         else:
             x, plan = self.embeddings(ids, at, packed_types), None
         xg = None
         if rows is not None:  # the padded queries (column 0 or all), run beside the packed tokens
             xg = self.embeddings(input_ids[rows, cols], at_queries, None if types is None else types[rows, cols])
         if first_only and not (column0 or padded):
-            return run_first_rows(self.layers, x, batch, pos, plan)
-        return run_blocks(self.layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded,
+            return run_first_rows(layers, x, batch, pos, plan)
+        return run_blocks(layers, x, batch, pos, (rows, cols, xg) if rows is not None else None, column0, padded,
                           plan)
+
+    def blocks(self):
+        """The blocks in the order the forward runs them: `layers` (ALBERT runs its shared ones several times)."""
+        return self.layers
 
     def _positions(self, input_ids, batch, ids, pos, rows, cols):
         """Position ids (packed tokens (total,), padded queries (n,) or None) for the position embedding: BERT's

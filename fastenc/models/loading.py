@@ -206,7 +206,8 @@ def from_pretrained(path, device=None, dtype=None):
     prefix = ""
     if task != "base" or not any(k.startswith(("embeddings.",)) for k in state):
         prefix = spec.head_prefix
-    extra = spec.overrides(task, f"{prefix}pooler.dense.weight" in state)
+    has_pooler = any(f"{prefix}pooler.{n}weight" in state for n in ("dense.", ""))  # (ALBERT's is pooler.*)
+    extra = spec.overrides(task, has_pooler)
     cfg = spec.config.from_dict(d, **extra)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dtype is None:

@@ -17,7 +17,8 @@ from fastenc.lora import LoraLinear
 
 TARGETS = {"bert": ("sequence_classification", ["query", "value"]),
            "modernbert": ("base", ["Wqkv", "Wo"]),
-           "vit": ("base", ["q_proj", "v_proj", "fc1"])}
+           "vit": ("base", ["q_proj", "v_proj", "fc1"]),
+           "albert": ("sequence_classification", ["query", "value"])}  # (one block shared by every layer)
 
 
 def _hf_model(arch, task):

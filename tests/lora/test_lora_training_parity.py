@@ -1,7 +1,8 @@
 """LoRA training parity with transformers + PEFT: the same adapter (fastenc's add_lora, saved and loaded by
 PeftModel.from_pretrained(is_trainable=True)) trained 20 AdamW steps on both sides in fp32 with dropout off, on
 mixed-length padded batches: equal loss at every step, equal gradients of every adapter tensor (and of the
-classifier copy) at every step, equal final A/B; BERT (query/value on the fused Wqkv) and ModernBERT (Wqkv)."""
+classifier copy) at every step, equal final A/B; BERT (query/value on the fused Wqkv), ModernBERT (Wqkv) and
+ALBERT (query/value of the block every layer shares)."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,8 @@ from fastenc.lora import LoraLinear
 STEPS, LR, REL = 20, 2e-3, 1e-4
 CASES = {"bert": (["query", "value"], dict(hidden=48, heads=3, layers=2, hidden_dropout_prob=0.0,
                                            attention_probs_dropout_prob=0.0)),
-         "modernbert": (["Wqkv"], dict(hidden=48, heads=3, layers=3))}
+         "modernbert": (["Wqkv"], dict(hidden=48, heads=3, layers=3)),
+         "albert": (["query", "value"], dict(hidden=48, heads=3, layers=3, classifier_dropout_prob=0.0))}
 
 
 def _pairs(fe, pm) -> list[tuple[str, torch.Tensor, torch.Tensor]]:

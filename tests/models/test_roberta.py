@@ -1,4 +1,4 @@
-"""RoBERTa and XLM-RoBERTa against transformers (eager attention, fp32, random weights): every head on mixed
+"""RoBERTa, XLM-RoBERTa and CamemBERT against transformers (eager attention, fp32, random weights): every head on mixed
 lengths with padding, positions from the ids (pad ids inside a row, left padding), the position-table limit, the
 masked-LM convention and its tied decoder, save/load both ways, and bf16 by the tolerance rule."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import _models_hf as _hf
 from fastenc import testing
 
 TOL = 1e-4
-FAMILIES = {"roberta": _hf.roberta, "xlm-roberta": _hf.xlm_roberta}
+FAMILIES = {"roberta": _hf.roberta, "xlm-roberta": _hf.xlm_roberta, "camembert": _hf.camembert}
 TASKS = ["base", "sequence_classification", "token_classification", "question_answering", "masked_lm"]
 
 

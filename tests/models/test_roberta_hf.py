@@ -1,7 +1,7 @@
-"""RoBERTa / XLM-RoBERTa through transformers' own entry points: fastenc.accelerate (every head, left padding),
-transformers pipelines (fill-mask, text-classification) and a question-answering span with the same answers as the plain
-model, a byte-level BPE tokenizer read by fastenc.from_pretrained(folder).encode, and a SentenceTransformer whose
-transformer runs on fastenc."""
+"""RoBERTa / XLM-RoBERTa / CamemBERT through transformers' own entry points: fastenc.accelerate (every head, left
+padding), transformers pipelines (fill-mask, text-classification) and a question-answering span with the same
+answers as the plain model, a byte-level BPE tokenizer read by fastenc.from_pretrained(folder).encode, and a
+SentenceTransformer whose transformer runs on fastenc."""
 from __future__ import annotations
 
 import warnings
@@ -43,7 +43,7 @@ def tokenizer():
                                    model_max_length=128)
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "camembert"])
 @pytest.mark.parametrize("task", ["base", "sequence_classification", "token_classification", "question_answering",
                                   "masked_lm"])
 def test_accelerate_every_head_with_left_padding(family, task):
@@ -141,7 +141,7 @@ def test_sentence_transformer_on_accelerated_roberta(tmp_path, tokenizer):
     assert ran and _max_err(out, ref) <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "camembert"])
 def test_accelerate_masked_lm_loss_and_tied_gradients(family):
     # the word embedding is also the decoder: its gradient sums both uses, on transformers' own parameter (XLM-R's
     # transformers class names the tied tensor lm_head.decoder.weight first, RoBERTa's the embedding)

@@ -111,12 +111,12 @@ def test_bad_image_labels():
 
 def _token_model(arch: str):
     make = {"bert": _hf.bert, "modernbert": _hf.modernbert, "distilbert": _hf.distilbert, "electra": _hf.electra,
-            "roberta": _hf.roberta}[arch]
+            "roberta": _hf.roberta, "albert": _hf.albert}[arch]
     return make("token_classification", hidden=48, heads=3, layers=2).eval()
 
 
 @pytest.mark.parametrize("accelerated", [False, True], ids=["from_hf", "accelerate"])
-@pytest.mark.parametrize("arch", ["bert", "modernbert", "distilbert", "electra", "roberta"])
+@pytest.mark.parametrize("arch", ["bert", "modernbert", "distilbert", "electra", "roberta", "albert"])
 def test_token_label_on_padding_refused(arch, accelerated):
     # a label on a padded position is refused (as masked-LM labels are), before any work; -100 there is fine
     hf = _token_model(arch)
