@@ -85,6 +85,25 @@ def first_real(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None)
     return out.masked_fill(~m.any(dim=1, keepdim=True), 0)
 
 
+def check_dimensions(name: str, dimensions, hidden: int) -> int | None:
+    """Validate a Matryoshka width: None (keep every dimension) or an int in [1, hidden]; returns it."""
+    if dimensions is None:
+        return None
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= hidden:
+        raise ValueError(f"{name}: dimensions must be an int in [1, {hidden}] (the model's hidden size) or None, got "
+                         f"{dimensions!r}")
+    return dimensions
+
+
+def finish_embeddings(emb: torch.Tensor, normalize: bool, dimensions: int | None = None) -> torch.Tensor:
+    """Pooled (n, hidden) -> fp32 (n, dimensions or hidden): the first `dimensions` columns kept (Matryoshka
+    truncation), then L2-normalized when `normalize` (so a truncated embedding is unit length again)."""
+    emb = emb.float()
+    if dimensions is not None and dimensions < emb.shape[-1]:
+        emb = emb[:, :dimensions]
+    return F.normalize(emb, p=2, dim=-1) if normalize else emb
+
+
 def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     """Sort token-id lists by length (longest first) and pad each batch to its own longest.
 
@@ -167,14 +186,16 @@ class TextEncoderMixin:
     @torch.inference_mode()
     def encode(self, inputs, attention_mask: torch.Tensor | None = None, *, batch_size: int = 32,
                pooling: str | None = None, normalize: bool | None = None, max_length: int | None = None,
-               show_progress: bool = False) -> torch.Tensor:
-        """Sentence embeddings (n, hidden) in fp32 on the model's device.
+               show_progress: bool = False, dimensions: int | None = None) -> torch.Tensor:
+        """Sentence embeddings (n, hidden) (or (n, dimensions)) in fp32 on the model's device.
 
         inputs: a string, a list of strings (tokenized with the folder's tokenizer.json), a list of token-id
         lists, or an int tensor (batch, seq) with an optional attention_mask.
         pooling: 'mean' | 'cls' (default: the folder's sentence-transformers setting, else the architecture's
         `pooling`, 'mean' for the text encoders);
         normalize: L2-normalize (default: True if the folder lists a Normalize module).
+        dimensions: keep the first `dimensions` columns of each embedding (Matryoshka truncation, 1 <= dimensions
+        <= hidden), re-normalized after the cut when `normalize` is on; None keeps them all.
         """
         if pooling is None:  # the folder's sentence-transformers setting, else the architecture's default
             from fastenc.models.architecture import of_model
@@ -184,6 +205,7 @@ class TextEncoderMixin:
         normalize = self.encode_defaults.get("normalize", False) if normalize is None else bool(normalize)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"encode: batch_size must be a positive int, got {batch_size!r}")
+        dimensions = check_dimensions("encode", dimensions, self.config.hidden_size)
         limit = max_length or self.encode_defaults.get("max_length") or self.config.max_position_embeddings
         device = next(self.parameters()).device
         if isinstance(inputs, torch.Tensor):
@@ -211,11 +233,8 @@ class TextEncoderMixin:
             mask = None if mask is None else mask.to(device)
             x, batch = self._encode(ids, mask, None)
             emb = batch.mean(x) if pooling == "mean" else batch.first_tokens(x)
-            emb = emb.float()
-            if normalize:
-                emb = F.normalize(emb, p=2, dim=-1)
-            outs.append(emb)
-        out = torch.cat(outs) if outs else torch.empty(0, self.config.hidden_size, device=device)
+            outs.append(finish_embeddings(emb, normalize, dimensions))
+        out = torch.cat(outs) if outs else torch.empty(0, dimensions or self.config.hidden_size, device=device)
         if order is not None:
             res = torch.empty_like(out)
             res[torch.tensor(order, device=out.device)] = out
