@@ -186,8 +186,10 @@ class TextEncoderMixin:
     @torch.inference_mode()
     def encode(self, inputs, attention_mask: torch.Tensor | None = None, *, batch_size: int = 32,
                pooling: str | None = None, normalize: bool | None = None, max_length: int | None = None,
-               show_progress: bool = False, dimensions: int | None = None) -> torch.Tensor:
-        """Sentence embeddings (n, hidden) (or (n, dimensions)) in fp32 on the model's device.
+               show_progress: bool = False, dimensions: int | None = None, output: str = "dense",
+               top_k: int | None = None, projection=None, skip_first_token: bool = False):
+        """Sentence embeddings (n, hidden) (or (n, dimensions)) in fp32 on the model's device; with output=
+        'sparse' or 'multi_vector' the retrieval outputs below (fastenc.models.retrieval), from the same forward.
 
         inputs: a string, a list of strings (tokenized with the folder's tokenizer.json), a list of token-id
         lists, or an int tensor (batch, seq) with an optional attention_mask.
@@ -196,7 +198,23 @@ class TextEncoderMixin:
         normalize: L2-normalize (default: True if the folder lists a Normalize module).
         dimensions: keep the first `dimensions` columns of each embedding (Matryoshka truncation, 1 <= dimensions
         <= hidden), re-normalized after the cut when `normalize` is on; None keeps them all.
+        output: 'dense' (the pooled embeddings above), 'sparse' or 'multi_vector':
+          'sparse' (a *ForMaskedLM model): SPLADE weights w[v] = log1p(relu(max over the text's tokens, special
+          tokens included, of the MLM logit of v)), computed by fastenc.ops.sparse_max without forming the
+          (tokens, vocab) logits. Returns a list, per text, of (indices int64 (k,), values fp32 (k,)): its non-zero
+          entries, largest value first; top_k keeps at most that many.
+          'multi_vector' (ColBERT): one L2-normalized fp32 vector per token, after the linear `projection` when
+          given (a (dim, hidden) weight, a (weight, bias) pair or an nn.Linear; default: the model's
+          `colbert_linear` attribute if set, else none). Returns fastenc.models.retrieval.MultiVectors(offsets
+          int64 (n+1,), vectors (total kept tokens, dim)), ragged: text i's vectors are
+          vectors[offsets[i]:offsets[i+1]], nothing padded. skip_first_token=True leaves out each text's first
+          token ([CLS]), as BGE-M3's colbert_vecs do; the default False keeps every token, as ColBERT does.
+          pooling, normalize and dimensions apply to 'dense' only.
         """
+        from fastenc.models import retrieval
+
+        retrieval.check_output(self, output, top_k, projection, dimensions)
+        proj = retrieval.resolve_projection(self, projection) if output == "multi_vector" else None
         if pooling is None:  # the folder's sentence-transformers setting, else the architecture's default
             from fastenc.models.architecture import of_model
             pooling = self.encode_defaults.get("pooling") or of_model(self).pooling
@@ -232,8 +250,19 @@ class TextEncoderMixin:
             ids = ids.to(device)
             mask = None if mask is None else mask.to(device)
             x, batch = self._encode(ids, mask, None)
+            if output == "sparse":
+                outs.extend(retrieval.sparse_rows(retrieval.sparse_weights(self, x, batch), top_k))
+                continue
+            if output == "multi_vector":
+                outs.extend(retrieval.token_vectors(x, batch, proj, skip_first_token))
+                continue
             emb = batch.mean(x) if pooling == "mean" else batch.first_tokens(x)
             outs.append(finish_embeddings(emb, normalize, dimensions))
+        if output == "sparse":
+            return retrieval.restore_order(outs, order)
+        if output == "multi_vector":
+            dim = self.config.hidden_size if proj is None else proj[0].shape[0]
+            return retrieval.ragged(retrieval.restore_order(outs, order), dim, device)
         out = torch.cat(outs) if outs else torch.empty(0, dimensions or self.config.hidden_size, device=device)
         if order is not None:
             res = torch.empty_like(out)
