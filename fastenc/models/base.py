@@ -170,6 +170,13 @@ class TextEncoderMixin:
         self.tokenizer.enable_truncation(int(max_length))  # keeps the special tokens, as transformers does
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
+    def encode_m3(self, inputs, *, batch_size: int = 32, max_length: int | None = None, dense: bool = True,
+                  sparse: bool = True, colbert: bool = True, exclude_ids=None) -> dict:
+        """BGE-M3's dense, sparse and colbert outputs from one forward (fastenc.models.bge_m3.encode_m3)."""
+        from fastenc.models.bge_m3 import encode_m3
+        return encode_m3(self, inputs, batch_size=batch_size, max_length=max_length, dense=dense, sparse=sparse,
+                         colbert=colbert, exclude_ids=exclude_ids)
+
     def score(self, pairs, *, raw: bool = False, batch_size: int = 32, max_length: int | None = None):
         """A sequence classifier's scores of (text, text) pairs, as CrossEncoder.predict (see
         fastenc.models.scoring): (n,) for one label, else (n, num_labels)."""
@@ -205,9 +212,9 @@ class TextEncoderMixin:
           entries, largest value first; top_k keeps at most that many.
           'multi_vector' (ColBERT): one L2-normalized fp32 vector per token, after the linear `projection` when
           given (a (dim, hidden) weight, a (weight, bias) pair or an nn.Linear; default: the model's
-          `colbert_linear` attribute if set, else none). Returns fastenc.models.retrieval.MultiVectors(offsets
-          int64 (n+1,), vectors (total kept tokens, dim)), ragged: text i's vectors are
-          vectors[offsets[i]:offsets[i+1]], nothing padded. skip_first_token=True leaves out each text's first
+          `colbert_linear` attribute if set, else a BGE-M3 folder's colbert head, else none). Returns
+          fastenc.models.retrieval.MultiVectors(offsets int64 (n+1,), vectors (total kept tokens, dim)), ragged:
+          text i's vectors are vectors[offsets[i]:offsets[i+1]], nothing padded. skip_first_token=True leaves out each text's first
           token ([CLS]), as BGE-M3's colbert_vecs do; the default False keeps every token, as ColBERT does.
           pooling, normalize and dimensions apply to 'dense' only.
         """

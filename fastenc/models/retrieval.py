@@ -70,9 +70,11 @@ def sparse_rows(weights: torch.Tensor, top_k: int | None) -> list[tuple[torch.Te
 def resolve_projection(model, projection):
     """(weight (dim, hidden), bias (dim,) or None) or None: `projection` as given (a weight tensor, a (weight,
     bias) pair or a module with .weight / .bias such as nn.Linear), else the model's `colbert_linear` if it has
-    one, else None (no projection)."""
+    one, else a BGE-M3 folder's colbert head, else None (no projection)."""
     if projection is None:
         projection = getattr(model, "colbert_linear", None)
+        if projection is None:  # a BGE-M3 folder's colbert head (fastenc.models.bge_m3.load_heads), if any
+            projection = model.__dict__.get("retrieval_heads", {}).get("colbert")
         if projection is None:
             return None
     if isinstance(projection, torch.Tensor):
