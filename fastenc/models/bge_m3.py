@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fastenc.models.base import make_batches
 from fastenc.models.retrieval import MultiVectors, ragged, restore_order
+from fastenc.models.scoring import pad_rows
 
 HEAD_FILES = {"sparse": "sparse_linear.pt", "colbert": "colbert_linear.pt"}
 # Special tokens BGE-M3 leaves out of the sparse weights (its tokenizer's cls, eos, pad and unk), by their strings.
@@ -124,9 +124,10 @@ def encode_m3(model, inputs, *, batch_size: int = 32, max_length: int | None = N
             raise ValueError("encode_m3: sparse=True needs exclude_ids= (the cls, eos, pad and unk ids BGE-M3 leaves "
                              "out of the sparse weights) when the model has no tokenizer")
     specials = torch.tensor(list(exclude_ids or ()), dtype=torch.int64, device=device)
-    order, batches = make_batches(seqs, batch_size)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))  # longest first, as encode() batches
     dense_out, sparse_out, colbert_out = [], [], []
-    for ids, mask in batches:
+    for a in range(0, len(order), batch_size):
+        ids, mask, _ = pad_rows([seqs[i] for i in order[a:a + batch_size]])
         ids, mask = ids.to(device), mask.to(device)
         x, batch = model._encode(ids, mask, None)
         if dense:
