@@ -29,7 +29,8 @@ def _dense(rows, vocab):
     return out
 
 
-@pytest.mark.parametrize("arch", [bert, distilbert, roberta, modernbert], ids=lambda a: a.__name__)
+@pytest.mark.parametrize("arch", [bert, distilbert, roberta, modernbert],
+                         ids=["bert", "distilbert", "roberta", "modernbert"])
 def test_sparse_matches_plain_pytorch(arch):
     hf = arch("masked_lm", seed=3)
     fe = fastenc.from_hf(hf).eval()
