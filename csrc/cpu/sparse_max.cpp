@@ -30,7 +30,9 @@ namespace fastenc_cpu {
 namespace {
 
 #if defined(__AVX512F__)
-constexpr int VW = 16, NC = 2, MR = 6;
+// 8 rows (16 accumulators of 32 registers): BERT-base's MLM head at 8 x 128 tokens, 2 threads, against MKL's addmm +
+// max over the same logits measured 1.00x the time with 6 rows, 0.84-0.93x with 8, 1.05-1.4x with 10 and 12 rows.
+constexpr int VW = 16, NC = 2, MR = 8;
 #elif defined(__AVX__)
 constexpr int VW = 8, NC = 2, MR = 6;
 #else
