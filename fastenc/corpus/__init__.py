@@ -31,7 +31,8 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
           max_batch_size: int = 512, window: int = 4096, text_field: str = "text", id_field: str | None = None,
           on_bad: str = "error", device: str | None = None, dtype=None, resume: bool = False,
           overwrite: bool = False, progress: bool = False, engine: str = "local", address: str | None = None,
-          actors: int = 1, gpus_per_actor: float = 0.0, stdin_format: str = "txt", quantize: str | None = None):
+          actors: int = 1, gpus_per_actor: float = 0.0, stdin_format: str = "txt", quantize: str | None = None,
+          dimensions: int | None = None):
     """Embed a corpus.
 
     texts_or_path: a list/iterable of strings, or a path (str or Path) to a .txt/.jsonl/.csv/.parquet file or a
@@ -54,6 +55,9 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
     quantize: None (fp32) or 'int8': the model runs int8 (fastenc.quantize after it loads, in each Ray actor on
       Ray; CPU fp32 only). The manifest records it, so a resume refuses to change it. An in-memory model is
       quantized for the job and returned to fp32 after it (one quantized already runs as it is).
+    dimensions: keep the first `dimensions` columns of each embedding (Matryoshka truncation, 1 <= dimensions <=
+      the model's hidden size), re-normalized after the cut when normalize is on; the output has that many
+      columns. The manifest records it, so a resume refuses to change it.
     """
     from fastenc.corpus.job import Options, embed_in_memory, run
 
@@ -61,7 +65,7 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
         raise ValueError(f"embed: engine must be one of {ENGINES}, got {engine!r}")
     opts = Options(pooling=pooling, normalize=normalize, max_length=max_length, max_batch_tokens=max_batch_tokens,
                    max_batch_size=max_batch_size, window=window, text_field=text_field, id_field=id_field,
-                   on_bad=on_bad, progress=progress, quantize=quantize)
+                   on_bad=on_bad, progress=progress, quantize=quantize, dimensions=dimensions)
     if engine == "ray":
         from fastenc.corpus.ray_engine import run_ray
 

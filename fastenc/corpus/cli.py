@@ -36,6 +36,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quantize", default=None, metavar="int8",
                    help="run the model int8 (fastenc.quantize after it loads; CPU fp32 only); recorded in the "
                         "manifest: --resume refuses to change it")
+    p.add_argument("--dimensions", type=int, default=None, metavar="K",
+                   help="keep the first K dimensions of each embedding (Matryoshka), re-normalized when normalizing; "
+                        "recorded in the manifest: --resume refuses to change it")
     p.set_defaults(func=main)
 
 
@@ -65,7 +68,8 @@ def main(args) -> int:
               max_batch_tokens=args.max_batch_tokens, max_batch_size=args.max_batch_size, window=args.window,
               text_field=args.text_field, id_field=args.id_field, on_bad=args.on_bad, device=args.device,
               dtype=getattr(torch, args.dtype) if args.dtype else None, overwrite=args.overwrite,
-              progress=not args.no_progress, engine=args.engine, quantize=args.quantize)
+              progress=not args.no_progress, engine=args.engine, quantize=args.quantize,
+              dimensions=args.dimensions)
     if args.engine == "ray":
         kw.update(address=args.address, actors=args.actors, gpus_per_actor=args.gpus_per_actor)
         if args.resume:

@@ -16,7 +16,6 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fastenc.corpus import manifest as mf
 from fastenc.corpus import quantization, writers
@@ -69,6 +68,7 @@ class Options:
     on_bad: str = "error"                 # 'error' | 'skip'
     progress: bool = False
     quantize: str | None = None           # None (fp32) | 'int8': fastenc.quantize after the model loads
+    dimensions: int | None = None         # Matryoshka: keep the first k dims (re-normalized); None: all
 
     def check(self) -> None:
         if self.pooling not in (None, "mean", "cls"):
@@ -84,6 +84,9 @@ class Options:
         if not isinstance(self.text_field, str) or not self.text_field:
             raise ValueError(f"embed: text_field must be a non-empty string, got {self.text_field!r}")
         quantization.check(self.quantize, "embed: quantize")
+        if self.dimensions is not None and (isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int)
+                                            or self.dimensions < 1):
+            raise ValueError(f"embed: dimensions must be a positive int or None, got {self.dimensions!r}")
 
 
 def default_model_path() -> Path:
@@ -129,6 +132,14 @@ def loaded(model, device, dtype, quantize: str | None):
             dequantize(m)
 
 
+def output_width(model, opts: Options) -> int:
+    """Columns of each output embedding: opts.dimensions (checked against the model's hidden size) or hidden."""
+    from fastenc.models.base import check_dimensions
+
+    hidden = int(model.config.hidden_size)
+    return check_dimensions("embed", opts.dimensions, hidden) or hidden
+
+
 def resolve_options(model, opts: Options) -> tuple[str, bool, int]:
     d = model.encode_defaults
     pooling = opts.pooling or d.get("pooling", "mean")
@@ -158,18 +169,18 @@ def tokenize(model, texts: list[str], max_length: int) -> tuple[list[np.ndarray]
 
 
 def embed_ids(model, seqs: Sequence[Sequence[int]], pooling: str, normalize: bool, max_batch_tokens: int,
-              max_batch_size: int, on_batch=None) -> np.ndarray:
-    """(len(seqs), hidden) float32 embeddings in the order of `seqs`, run in token-budget batches."""
+              max_batch_size: int, on_batch=None, dimensions: int | None = None) -> np.ndarray:
+    """(len(seqs), dimensions or hidden) float32 embeddings in the order of `seqs`, run in token-budget batches
+    (dimensions: Matryoshka truncation, fastenc.models.base.finish_embeddings)."""
+    from fastenc.models.base import finish_embeddings
+
     device = next(model.parameters()).device
-    out = np.empty((len(seqs), model.config.hidden_size), dtype=np.float32)
+    out = np.empty((len(seqs), dimensions or model.config.hidden_size), dtype=np.float32)
     with torch.inference_mode():
         for b in token_budget_batches(seqs, max_batch_tokens, max_batch_size):
             x, packed = model._encode(b.ids.to(device), b.mask.to(device), None)
             emb = packed.mean(x) if pooling == "mean" else packed.first_tokens(x)
-            emb = emb.float()
-            if normalize:
-                emb = F.normalize(emb, p=2, dim=-1)
-            out[b.rows] = emb.cpu().numpy()
+            out[b.rows] = finish_embeddings(emb, normalize, dimensions).cpu().numpy()
             if on_batch is not None:
                 on_batch(len(b.rows), b.tokens)
     return out
@@ -228,9 +239,10 @@ def embed_window(chunk: list[Record], model, pooling: str, normalize: bool, max_
     keep = np.array([r.text is not None for r in chunk], dtype=bool)
     texts = [r.text for r in chunk if r.text is not None]
     seqs, cut = tokenize(model, texts, max_length) if texts else ([], [])
-    emb = np.full((len(chunk), int(model.config.hidden_size)), np.nan, dtype=np.float32)
+    emb = np.full((len(chunk), output_width(model, opts)), np.nan, dtype=np.float32)
     if seqs:
-        emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size, on_batch)
+        emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size, on_batch,
+                              opts.dimensions)
     return Window(chunk, emb, keep, sum(map(len, seqs)), sum(cut))
 
 
@@ -266,6 +278,7 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
     pin_mmap_threshold()
     with loaded(model, device, dtype, opts.quantize) as (model, _):
         pooling, normalize, max_length = resolve_options(model, opts)
+        width = output_width(model, opts)
         records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
             else iter_texts(inputs, opts.on_bad)
         ids, parts, summary = [], [], Summary()
@@ -279,7 +292,7 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
         if bar is not None:
             bar.close()
     summary.seconds = time.perf_counter() - t0
-    emb = np.concatenate(parts) if parts else np.empty((0, model.config.hidden_size), np.float32)
+    emb = np.concatenate(parts) if parts else np.empty((0, width), np.float32)
     return ids, emb, summary
 
 
@@ -302,7 +315,8 @@ def _params(folder, model, opts: Options, pooling, normalize, max_length, fmt, h
             "model_digest": mf.model_digest(model), "device": p.device.type, "pooling": pooling, "normalize": normalize, "max_length": max_length,
             "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,
             "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "format": fmt,
-            "dtype": str(p.dtype), "hidden": hidden, "id_type": ids, "quantize": _quantize_params(model)}
+            "dtype": str(p.dtype), "hidden": hidden, "id_type": ids, "quantize": _quantize_params(model),
+            "dimensions": opts.dimensions}
 
 
 def _quantize_params(model) -> dict | None:
@@ -334,7 +348,7 @@ def _run(inputs, out: Path, model, folder, fmt: str, sources, resume: bool, over
          opts: Options) -> Summary:
     """run() once the model is loaded (and quantized as asked)."""
     pooling, normalize, max_length = resolve_options(model, opts)
-    hidden = int(model.config.hidden_size)
+    hidden = output_width(model, opts)  # the output's columns (the model's hidden size unless truncated)
     ids = id_type(sources, opts.id_field)
     params = _params(folder, model, opts, pooling, normalize, max_length, fmt, hidden, ids)
     manifest = writers.prepare(out, params, mf.input_entries(sources), resume, overwrite)

@@ -75,14 +75,14 @@ class _Embedder:
         bad = batch.column("bad").to_pylist()
         texts = batch.column("text").to_pylist()
         good = [i for i, b in enumerate(bad) if not b]
-        hidden = self.model.config.hidden_size
+        hidden = self.opts.dimensions or self.model.config.hidden_size
         emb = np.zeros((len(bad), hidden), dtype=np.float32)
         tokens = np.zeros(len(bad), dtype=np.int64)
         cut = np.zeros(len(bad), dtype=bool)
         if good:
             seqs, flags = tokenize(self.model, [texts[i] for i in good], self.max_length)
             emb[good] = embed_ids(self.model, seqs, self.pooling, self.normalize, self.opts.max_batch_tokens,
-                                  self.opts.max_batch_size)
+                                  self.opts.max_batch_size, dimensions=self.opts.dimensions)
             tokens[good] = [len(s) for s in seqs]
             cut[good] = flags
             release_between_windows()  # each call is one window: the next starts from the same state
@@ -148,7 +148,7 @@ def local_ray_options() -> dict[str, Any]:
 
 
 def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
-    """(pooling, normalize, max_length, hidden) the job uses with the model in `folder`, as resolve_options gives
+    """(pooling, normalize, max_length, width) the job uses with the model in `folder`, as resolve_options gives
     them for the loaded model, from config.json and the sentence-transformers files alone: the encoder is built on
     the meta device (no weights read, no memory) only to read its defaults."""
     import torch
@@ -180,7 +180,10 @@ def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
         probe = spec.model_class("base")(cfg)
     probe.load_tokenizer(folder)
     pooling, normalize, max_length = resolve_options(probe, opts)
-    return pooling, normalize, max_length, int(cfg.hidden_size)
+    from fastenc.models.base import check_dimensions
+
+    hidden = int(cfg.hidden_size)
+    return pooling, normalize, max_length, check_dimensions("embed", opts.dimensions, hidden) or hidden
 
 
 def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
@@ -193,7 +196,8 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     params = {"engine": "ray", "model": str(folder.resolve()),
               "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
               "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden,
-              "id_type": ids_type, "quantize": {"mode": opts.quantize} if opts.quantize else None}
+              "id_type": ids_type, "quantize": {"mode": opts.quantize} if opts.quantize else None,
+              "dimensions": opts.dimensions}
     manifest = writers.prepare(out, params, mf.input_entries(sources), False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
@@ -208,7 +212,7 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     items = [{"path": str(b.source.path), "fmt": b.source.fmt, "prefix": b.source.prefix, "offset": b.offset,
               "first_row": b.first_row, "rows": b.rows, "str_ids": str_ids} for b in blocks]
     opt_dict = {k: getattr(opts, k) for k in ("max_batch_tokens", "max_batch_size", "window", "text_field",
-                                               "id_field", "on_bad", "quantize")}
+                                               "id_field", "on_bad", "quantize", "dimensions")}
     opt_dict.update(pooling=pooling, normalize=normalize, max_length=max_length)  # the manifest's settings
     batches = iter(())
     if items:

@@ -85,6 +85,25 @@ def first_real(hidden: torch.Tensor, attention_mask: torch.Tensor | None = None)
     return out.masked_fill(~m.any(dim=1, keepdim=True), 0)
 
 
+def check_dimensions(name: str, dimensions, hidden: int) -> int | None:
+    """Validate a Matryoshka width: None (keep every dimension) or an int in [1, hidden]; returns it."""
+    if dimensions is None:
+        return None
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= hidden:
+        raise ValueError(f"{name}: dimensions must be an int in [1, {hidden}] (the model's hidden size) or None, got "
+                         f"{dimensions!r}")
+    return dimensions
+
+
+def finish_embeddings(emb: torch.Tensor, normalize: bool, dimensions: int | None = None) -> torch.Tensor:
+    """Pooled (n, hidden) -> fp32 (n, dimensions or hidden): the first `dimensions` columns kept (Matryoshka
+    truncation), then L2-normalized when `normalize` (so a truncated embedding is unit length again)."""
+    emb = emb.float()
+    if dimensions is not None and dimensions < emb.shape[-1]:
+        emb = emb[:, :dimensions]
+    return F.normalize(emb, p=2, dim=-1) if normalize else emb
+
+
 def make_batches(seqs: Sequence[Sequence[int]], batch_size: int):
     """Sort token-id lists by length (longest first) and pad each batch to its own longest.
 
@@ -151,6 +170,13 @@ class TextEncoderMixin:
         self.tokenizer.enable_truncation(int(max_length))  # keeps the special tokens, as transformers does
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
+    def encode_m3(self, inputs, *, batch_size: int = 32, max_length: int | None = None, dense: bool = True,
+                  sparse: bool = True, colbert: bool = True, exclude_ids=None) -> dict:
+        """BGE-M3's dense, sparse and colbert outputs from one forward (fastenc.models.bge_m3.encode_m3)."""
+        from fastenc.models.bge_m3 import encode_m3
+        return encode_m3(self, inputs, batch_size=batch_size, max_length=max_length, dense=dense, sparse=sparse,
+                         colbert=colbert, exclude_ids=exclude_ids)
+
     def score(self, pairs, *, raw: bool = False, batch_size: int = 32, max_length: int | None = None):
         """A sequence classifier's scores of (text, text) pairs, as CrossEncoder.predict (see
         fastenc.models.scoring): (n,) for one label, else (n, num_labels)."""
@@ -167,15 +193,35 @@ class TextEncoderMixin:
     @torch.inference_mode()
     def encode(self, inputs, attention_mask: torch.Tensor | None = None, *, batch_size: int = 32,
                pooling: str | None = None, normalize: bool | None = None, max_length: int | None = None,
-               show_progress: bool = False) -> torch.Tensor:
-        """Sentence embeddings (n, hidden) in fp32 on the model's device.
+               show_progress: bool = False, dimensions: int | None = None, output: str = "dense",
+               top_k: int | None = None, projection=None, skip_first_token: bool = False):
+        """Sentence embeddings (n, hidden) (or (n, dimensions)) in fp32 on the model's device; with output=
+        'sparse' or 'multi_vector' the retrieval outputs below (fastenc.models.retrieval), from the same forward.
 
         inputs: a string, a list of strings (tokenized with the folder's tokenizer.json), a list of token-id
         lists, or an int tensor (batch, seq) with an optional attention_mask.
         pooling: 'mean' | 'cls' (default: the folder's sentence-transformers setting, else the architecture's
         `pooling`, 'mean' for the text encoders);
         normalize: L2-normalize (default: True if the folder lists a Normalize module).
+        dimensions: keep the first `dimensions` columns of each embedding (Matryoshka truncation, 1 <= dimensions
+        <= hidden), re-normalized after the cut when `normalize` is on; None keeps them all.
+        output: 'dense' (the pooled embeddings above), 'sparse' or 'multi_vector':
+          'sparse' (a *ForMaskedLM model): SPLADE weights w[v] = log1p(relu(max over the text's tokens, special
+          tokens included, of the MLM logit of v)), computed by fastenc.ops.sparse_max without forming the
+          (tokens, vocab) logits. Returns a list, per text, of (indices int64 (k,), values fp32 (k,)): its non-zero
+          entries, largest value first; top_k keeps at most that many.
+          'multi_vector' (ColBERT): one L2-normalized fp32 vector per token, after the linear `projection` when
+          given (a (dim, hidden) weight, a (weight, bias) pair or an nn.Linear; default: the model's
+          `colbert_linear` attribute if set, else a BGE-M3 folder's colbert head, else none). Returns
+          fastenc.models.retrieval.MultiVectors(offsets int64 (n+1,), vectors (total kept tokens, dim)), ragged:
+          text i's vectors are vectors[offsets[i]:offsets[i+1]], nothing padded. skip_first_token=True leaves out each text's first
+          token ([CLS]), as BGE-M3's colbert_vecs do; the default False keeps every token, as ColBERT does.
+          pooling, normalize and dimensions apply to 'dense' only.
         """
+        from fastenc.models import retrieval
+
+        retrieval.check_output(self, output, top_k, projection, dimensions)
+        proj = retrieval.resolve_projection(self, projection) if output == "multi_vector" else None
         if pooling is None:  # the folder's sentence-transformers setting, else the architecture's default
             from fastenc.models.architecture import of_model
             pooling = self.encode_defaults.get("pooling") or of_model(self).pooling
@@ -184,6 +230,7 @@ class TextEncoderMixin:
         normalize = self.encode_defaults.get("normalize", False) if normalize is None else bool(normalize)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"encode: batch_size must be a positive int, got {batch_size!r}")
+        dimensions = check_dimensions("encode", dimensions, self.config.hidden_size)
         limit = max_length or self.encode_defaults.get("max_length") or self.config.max_position_embeddings
         device = next(self.parameters()).device
         if isinstance(inputs, torch.Tensor):
@@ -210,12 +257,20 @@ class TextEncoderMixin:
             ids = ids.to(device)
             mask = None if mask is None else mask.to(device)
             x, batch = self._encode(ids, mask, None)
+            if output == "sparse":
+                outs.extend(retrieval.sparse_rows(retrieval.sparse_weights(self, x, batch), top_k))
+                continue
+            if output == "multi_vector":
+                outs.extend(retrieval.token_vectors(x, batch, proj, skip_first_token))
+                continue
             emb = batch.mean(x) if pooling == "mean" else batch.first_tokens(x)
-            emb = emb.float()
-            if normalize:
-                emb = F.normalize(emb, p=2, dim=-1)
-            outs.append(emb)
-        out = torch.cat(outs) if outs else torch.empty(0, self.config.hidden_size, device=device)
+            outs.append(finish_embeddings(emb, normalize, dimensions))
+        if output == "sparse":
+            return retrieval.restore_order(outs, order)
+        if output == "multi_vector":
+            dim = self.config.hidden_size if proj is None else proj[0].shape[0]
+            return retrieval.ragged(retrieval.restore_order(outs, order), dim, device)
+        out = torch.cat(outs) if outs else torch.empty(0, dimensions or self.config.hidden_size, device=device)
         if order is not None:
             res = torch.empty_like(out)
             res[torch.tensor(order, device=out.device)] = out

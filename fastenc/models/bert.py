@@ -386,10 +386,13 @@ class BertMLMHead(nn.Module):
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (n, hidden) -> (n, hidden): LayerNorm(act(dense(x))), the states the decoder projects."""
+        return self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
+
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, vocab)."""
-        y = self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
-        return losses.decode(self, y, decoder_weight, self.bias)
+        return losses.decode(self, self.transform(x), decoder_weight, self.bias)
 
 
 class BertForMaskedLM(BertModel):
@@ -408,6 +411,11 @@ class BertForMaskedLM(BertModel):
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """(n, hidden) packed hidden states -> (n, vocab) logits."""
         return self.mlm(x, self.embeddings.word.weight)
+
+    def mlm_projection(self, x: torch.Tensor):
+        """(transformed (n, hidden), decoder weight (vocab, hidden), decoder bias (vocab,)): predict(x) is
+        transformed @ weight^T + bias (encode(output='sparse') fuses that product with its max)."""
+        return self.mlm.transform(x), self.embeddings.word.weight, self.mlm.bias
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
         name = type(self).__name__

@@ -265,11 +265,16 @@ class DistilBertForMaskedLM(DistilBertModel):
         self._tie()
         return out
 
-    def predict(self, h: torch.Tensor) -> torch.Tensor:
-        """h (n, dim) -> (n, vocab) logits."""
+    def mlm_projection(self, h: torch.Tensor):
+        """(transformed (n, dim), projector weight (vocab, dim), projector bias (vocab,) or None): the logits are
+        transformed @ weight^T + bias (encode(output='sparse') fuses that product with its max)."""
         t = self.vocab_transform
         y = activation(self.config.activation, t(h, with_bias=False), t.output_bias(), inplace=True)
-        return self.vocab_projector(self.vocab_layer_norm(y))
+        return self.vocab_layer_norm(y), self.vocab_projector.weight, self.vocab_projector.bias
+
+    def predict(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n, dim) -> (n, vocab) logits."""
+        return self.vocab_projector(self.mlm_projection(h)[0])
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
         name = type(self).__name__

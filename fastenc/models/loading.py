@@ -215,4 +215,7 @@ def from_pretrained(path, device=None, dtype=None):
     model = build(arch, task, cfg, state, prefix, copy=False, device=dev, dtype=dtype)
     if spec.modality == "text":
         model.load_tokenizer(folder)
+        from fastenc.models.bge_m3 import load_heads
+
+        load_heads(model, folder)  # BGE-M3's sparse / colbert heads, where the folder has them
     return model

@@ -365,6 +365,11 @@ class ModernBertForMaskedLM(ModernBertModel):
         """(n, hidden) packed hidden states -> (n, vocab) logits."""
         return losses.decode(self.head, self.head(x), self.embeddings.tok.weight, self.decoder_bias)
 
+    def mlm_projection(self, x: torch.Tensor):
+        """(transformed (n, hidden), decoder weight (vocab, hidden), decoder bias (vocab,) or None): predict(x)
+        is transformed @ weight^T + bias (encode(output='sparse') fuses that product with its max)."""
+        return self.head(x), self.embeddings.tok.weight, self.decoder_bias
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None,
                 num_items_in_batch=None):
         name = type(self).__name__

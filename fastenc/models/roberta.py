@@ -149,11 +149,14 @@ class RobertaLMHead(nn.Module):
         self.layer_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """x (n, hidden) -> (n, hidden): layer_norm(gelu(dense(x))), the states the decoder projects."""
+        return self.layer_norm(activation("gelu", self.dense(x, with_bias=False), self.dense.bias),
+                               return_residual=False)
+
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         """x (n, hidden) -> (n, vocab)."""
-        h = self.layer_norm(activation("gelu", self.dense(x, with_bias=False), self.dense.bias),
-                            return_residual=False)
-        return F.linear(h, decoder_weight, self.bias)
+        return F.linear(self.transform(x), decoder_weight, self.bias)
 
 
 class RobertaForMaskedLM(RobertaModel):
@@ -172,6 +175,11 @@ class RobertaForMaskedLM(RobertaModel):
     @property
     def decoder_weight(self) -> nn.Parameter:
         return self.embeddings.word.weight
+
+    def mlm_projection(self, x: torch.Tensor):
+        """(transformed (n, hidden), decoder weight (vocab, hidden), decoder bias (vocab,)): the logits are
+        transformed @ weight^T + bias (encode(output='sparse') fuses that product with its max)."""
+        return self.lm_head.transform(x), self.decoder_weight, self.lm_head.bias
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, positions=None):
         name = type(self).__name__

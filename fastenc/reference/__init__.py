@@ -13,9 +13,10 @@ from fastenc.reference.merge_lora import merge_lora_ref
 from fastenc.reference.dropout import dropout_bwd_ref, dropout_ref
 from fastenc.reference.lora_linear import lora_linear_bwd_ref, lora_linear_ref
 from fastenc.reference.int8_linear import int8_linear_ref, quantize_rows_ref, quantize_weight_ref
+from fastenc.reference.sparse_max import sparse_max_ref
 
 __all__ = ["layer_norm_ref", "rms_norm_ref", "gelu_ref", "gelu_bwd_ref", "geglu_ref", "geglu_bwd_ref", "swiglu_ref",
            "swiglu_bwd_ref", "rope_cache",
            "rope_ref", "rope_bwd_ref", "attention_ref", "attention_varlen_ref", "merge_lora_ref", "lora_linear_ref",
            "norm_bwd_ref", "norm_stats_ref", "lora_linear_bwd_ref", "dropout_ref", "dropout_bwd_ref",
-           "int8_linear_ref", "quantize_rows_ref", "quantize_weight_ref"]
+           "int8_linear_ref", "quantize_rows_ref", "quantize_weight_ref", "sparse_max_ref"]

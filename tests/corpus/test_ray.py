@@ -115,6 +115,20 @@ def test_ray_matches_local_job(tmp_path, texts, ray_local):
     np.testing.assert_allclose(emb_r, emb_l, atol=2e-6, rtol=0)
 
 
+def test_ray_dimensions(tmp_path, texts, ray_local):
+    """Matryoshka truncation on Ray: the same columns as the in-process job, recorded in the manifest."""
+    src = tmp_path / "a.txt"
+    src.write_text("\n".join(texts[:12]) + "\n")
+    fastenc.embed(str(src), out=tmp_path / "local.parquet", window=8, dimensions=48)
+    ray_local.embed(str(src), out=tmp_path / "ray.parquet", actors=1, window=8, dimensions=48)
+    ids_l, emb_l = _table(tmp_path / "local.parquet")
+    ids_r, emb_r = _table(tmp_path / "ray.parquet")
+    assert ids_r == ids_l and emb_r.shape == (12, 48)
+    np.testing.assert_allclose(emb_r, emb_l, atol=2e-6, rtol=0)
+    manifest = json.loads((tmp_path / "ray.parquet" / "_manifest.json").read_text())
+    assert manifest["params"]["dimensions"] == 48 and manifest["params"]["hidden"] == 48
+
+
 def _shard_rows(out):
     return [s["rows_read"] for s in json.loads((out / "_manifest.json").read_text())["shards"]]
 
