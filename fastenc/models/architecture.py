@@ -46,6 +46,7 @@ _MODULES = (
     "electra",
     "roberta",
     "xlm_roberta",
+    "gte",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

@@ -3,7 +3,9 @@
 A map is a list of entries (fastenc_name, hf_names, kind):
   "copy"  one HF tensor is the fastenc tensor;
   "qkv"   three HF tensors (query, key, value) concatenated on dim 0 into the fused Wqkv (split back by chunk);
-  "patch" the ViT conv weight (hidden, C, p, p) flattened to the patch GEMM's (hidden, C*p*p).
+  "patch" the ViT conv weight (hidden, C, p, p) flattened to the patch GEMM's (hidden, C*p*p);
+  "cat"   several HF tensors of equal shape concatenated on dim 0 (a gated MLP's gate and up projections into one
+          [gate | up] Wi, in the order listed), split back in equal row blocks.
 Each architecture's map is declared in its own model file (fastenc.models.architecture); `lin` and `qkv` build
 its entries. Legacy checkpoint names (LayerNorm gamma/beta, and each architecture's legacy_names such as ViT's
 encoder.layer.N.attention.attention.query) are renamed to the transformers-5 names by `normalize_hf_names`
@@ -72,8 +74,21 @@ def hf_to_fastenc(entries: Iterable[Entry], hf_state: Mapping[str, torch.Tensor]
             out[fe] = torch.cat(ts, dim=0)
         elif kind == "patch":
             out[fe] = ts[0].reshape(ts[0].shape[0], -1)
+        elif kind == "cat":
+            bad = [(h, tuple(t.shape)) for h, t in zip(hs, ts) if t.shape != ts[0].shape]
+            if bad:
+                raise ValueError(f"weights {list(hs)} must have one shape {tuple(ts[0].shape)}, got {bad}")
+            out[fe] = torch.cat(ts, dim=0)
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
+    return out
+
+
+def cat(fe: str, hf: tuple[str, ...], bias: bool = True) -> list[Entry]:
+    """Entries fusing the HF linears `hf` (equal shapes) into one fastenc linear, rows in that order."""
+    out = [(f"{fe}.weight", tuple(f"{h}.weight" for h in hf), "cat")]
+    if bias:
+        out.append((f"{fe}.bias", tuple(f"{h}.bias" for h in hf), "cat"))
     return out
 
 
@@ -96,6 +111,9 @@ def fastenc_to_hf(entries: Iterable[Entry], state: Mapping[str, torch.Tensor], c
         elif kind == "patch":
             c, p = cfg.num_channels, cfg.patch_size
             out[hs[0]] = t.reshape(t.shape[0], c, p, p)
+        elif kind == "cat":
+            for h, part in zip(hs, t.chunk(len(hs), dim=0)):
+                out[h] = part
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
     return out

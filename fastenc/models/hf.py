@@ -248,7 +248,7 @@ def _live(self, entries) -> dict:
         ts = [params[h] for h in hs]
         if kind == "copy":
             out[fe_name] = ts[0]
-        elif kind == "qkv":
+        elif kind in ("qkv", "cat"):
             out[fe_name] = torch.cat(ts, 0)
         else:  # "patch"
             out[fe_name] = ts[0].reshape(ts[0].shape[0], -1)
