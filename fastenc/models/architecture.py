@@ -47,6 +47,7 @@ _MODULES = (
     "roberta",
     "xlm_roberta",
     "gte",
+    "nomic_bert",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",

@@ -74,6 +74,9 @@ class GteConfig(_Common):
         cfg = cls(**_pick(cls, d, num_labels=_num_labels(d), rope_theta=rope.theta, rope_type=rope.kind,
                           rope_factor=rope.factor, **override))
         cfg._check()
+        if d.get("head_dim") not in (None, cfg.head_dim):
+            raise ValueError(f"{name}: head_dim must be hidden_size / num_attention_heads ({cfg.head_dim}), got "
+                             f"{d.get('head_dim')!r}")
         if cfg.head_dim % 2:
             raise ValueError(f"{name}: the head dim (hidden_size / num_attention_heads = {cfg.head_dim}) must be even "
                              f"for RoPE")
@@ -108,14 +111,16 @@ class GteEmbeddings(nn.Module):
 class GteLayer(nn.Module):
     """Post-norm block: x = LN(x + drop(Wo(attention(rope(q, k), v)))); x = LN(x + drop(Wo(drop(act(gate) * up))))."""
 
-    def __init__(self, cfg: GteConfig):
+    def __init__(self, cfg: GteConfig, bias: bool = True, mlp_dropout: bool = True):
+        """bias: the attention projections' and the MLP's down projection's biases (GTE's; NomicBERT has none);
+        mlp_dropout: hidden_dropout_prob also on the MLP's gated activation (GTE's, not NomicBERT's)."""
         super().__init__()
         h = cfg.hidden_size
         self.dropout = cfg.hidden_dropout_prob
-        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=True, dropout=cfg.attention_probs_dropout_prob)
+        self.attn = SelfAttention(h, cfg.num_attention_heads, bias=bias, dropout=cfg.attention_probs_dropout_prob)
         self.attn_norm = LayerNorm(h, cfg.layer_norm_eps)
-        self.mlp = GatedMLP(h, cfg.intermediate_size, cfg.hidden_act, bias=False, out_bias=True,
-                            dropout=cfg.hidden_dropout_prob)
+        self.mlp = GatedMLP(h, cfg.intermediate_size, cfg.hidden_act, bias=False, out_bias=bias,
+                            dropout=cfg.hidden_dropout_prob if mlp_dropout else 0.0)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rope,
@@ -273,18 +278,20 @@ class GteForTokenClassification(GteModel):
 
 
 class GteLMHead(nn.Module):
-    """transformers' lm_head: LayerNorm(gelu(dense(x))) @ decoder_weight^T + bias, exact GELU whatever hidden_act
-    is; the decoder weight is the word embedding (passed in: tied, one Parameter)."""
+    """transformers' lm_head: LayerNorm(act(dense(x))) @ decoder_weight^T + bias, act the exact GELU whatever
+    hidden_act is (GTE; NomicBERT's head uses hidden_act); the decoder weight is the word embedding (passed in:
+    tied, one Parameter)."""
 
-    def __init__(self, cfg: GteConfig):
+    def __init__(self, cfg: GteConfig, act: str = "gelu"):
         super().__init__()
+        self.act = act
         self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
         """x: (n, hidden) -> (n, vocab)."""
-        y = self.norm(activation("gelu", self.dense(x, with_bias=False), self.dense.output_bias()))
+        y = self.norm(activation(self.act, self.dense(x, with_bias=False), self.dense.output_bias()))
         return losses.decode(self, y, decoder_weight, self.bias)
 
 
@@ -297,7 +304,12 @@ class GteForMaskedLM(GteModel):
     def __init__(self, config: GteConfig):
         losses.check_tied(type(self).__name__, config)
         super().__init__(dataclasses.replace(config, add_pooling_layer=False))
-        self.mlm = GteLMHead(config)
+        self.mlm = GteLMHead(config, self.lm_act(config))
+
+    @staticmethod
+    def lm_act(config) -> str:
+        """The LM head's activation: GTE's exact GELU."""
+        return "gelu"
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """(n, hidden) packed hidden states -> (n, vocab) logits."""
@@ -321,9 +333,14 @@ class GteForMaskedLM(GteModel):
         return {"logits": out} if labels is None else {"loss": out.loss, "logits": out.logits}
 
 
-def weight_map(cfg: GteConfig, task: str, prefix: str = "") -> list[Entry]:
+_GTE_MLM = ("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder.bias")
+
+
+def weight_map(cfg: GteConfig, task: str, prefix: str = "", bias: bool = True, mlm=_GTE_MLM) -> list[Entry]:
     """fastenc name <-> transformers name of every GTE tensor (prefix: "gte." inside the head classes). The MLP's
-    gate_proj and up_proj are fused into Wi as [gate | up] (the order fastenc.ops.geglu / swiglu read)."""
+    gate_proj and up_proj are fused into Wi as [gate | up] (the order fastenc.ops.geglu / swiglu read).
+    bias: the attention projections and down_proj have biases; mlm: the masked-LM head's dense, norm and bias
+    names (NomicBERT's map is this one with bias=False and BERT's cls.predictions names)."""
     p = prefix
     m: list[Entry] = [("embeddings.word.weight", (f"{p}embeddings.word_embeddings.weight",), "copy")]
     if cfg.type_vocab_size:
@@ -331,20 +348,20 @@ def weight_map(cfg: GteConfig, task: str, prefix: str = "") -> list[Entry]:
     m += lin("embeddings.norm", f"{p}embeddings.LayerNorm")
     for i in range(cfg.num_hidden_layers):
         f, h = f"layers.{i}", f"{p}layers.{i}"
-        m += qkv(f"{f}.attn.Wqkv", tuple(f"{h}.self_attn.{n}_proj" for n in "qkv"))
-        m += lin(f"{f}.attn.Wo", f"{h}.self_attn.o_proj")
+        m += qkv(f"{f}.attn.Wqkv", tuple(f"{h}.self_attn.{n}_proj" for n in "qkv"), bias)
+        m += lin(f"{f}.attn.Wo", f"{h}.self_attn.o_proj", bias)
         m += lin(f"{f}.attn_norm", f"{h}.post_attention_layernorm")
         m += cat(f"{f}.mlp.Wi", (f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"), bias=False)
-        m += lin(f"{f}.mlp.Wo", f"{h}.mlp.down_proj")
+        m += lin(f"{f}.mlp.Wo", f"{h}.mlp.down_proj", bias)
         m += lin(f"{f}.mlp_norm", f"{h}.post_mlp_layernorm")
     if cfg.add_pooling_layer:
         m += lin("pooler", f"{p}pooler.dense")
     if task in ("sequence_classification", "token_classification"):
         m += lin("classifier", "classifier")
     if task == "masked_lm":  # the decoder weight is embeddings.word's (tied; the checkpoint stores it once)
-        m += lin("mlm.dense", "lm_head.dense")
-        m += lin("mlm.norm", "lm_head.layer_norm")
-        m.append(("mlm.bias", ("lm_head.decoder.bias",), "copy"))
+        m += lin("mlm.dense", mlm[0])
+        m += lin("mlm.norm", mlm[1])
+        m.append(("mlm.bias", (mlm[2],), "copy"))
     return m
 
 

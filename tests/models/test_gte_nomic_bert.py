@@ -1,4 +1,4 @@
-"""GTE (transformers' GteModel): parity with transformers (eager, fp32, random weights, odd sizes, masks with holes)
+"""GTE and NomicBERT (transformers' GteModel, NomicBertModel; the same blocks, NomicBERT's without biases): parity with transformers (eager, fp32, random weights, odd sizes, masks with holes)
 for every head and both gated activations (GeGLU, SwiGLU), with and without token types; RoPE theta and scaling
 from the config; a long input; losses; first-step gradients; save_pretrained round trip; accelerate; LoRA; encode."""
 from __future__ import annotations
@@ -12,13 +12,18 @@ import torch
 import fastenc
 import _models_hf as _hf
 from fastenc.models import architecture, convert
-from fastenc.models.gte import GteConfig
 from fastenc.models.hf import FallbackWarning
 
 TOL = 1e-4
 LENGTHS = [17, 1, 29, 40]
 HEADS = ["base", "sequence_classification", "token_classification", "masked_lm"]
 SMALL = dict(hidden=72, heads=4, layers=3)  # head_dim 18, intermediate 96
+ARCHS = ["gte", "nomic_bert"]
+CLASSES = {"gte": _hf.GTE_CLASSES, "nomic_bert": _hf.NOMIC_BERT_CLASSES}
+
+
+def _make(arch, task="base", **kw):
+    return getattr(_hf, arch)(task, **kw)
 
 
 def _close(out, ref, mask=None, tol=TOL):
@@ -47,21 +52,24 @@ def _check(task, out, ref, mask):
 
 @pytest.mark.parametrize("act", ["gelu", "silu"], ids=["geglu", "swiglu"])
 @pytest.mark.parametrize("task", HEADS)
-def test_parity(task, act):
-    hf = _hf.gte(task, hidden_act=act, **SMALL)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_parity(arch, task, act):
+    hf = _make(arch, task, hidden_act=act, **SMALL)
     fe = fastenc.from_hf(hf)
     assert fe.layers[0].mlp.Wi.weight.shape == (2 * 96, 72)
     ids, mask, types = _batch()
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask, token_type_ids=types)
         _check(task, fe(ids, mask, types), ref, mask)
-        if task == "base":  # the [CLS] embedding encode() pools by default
-            assert architecture.get("gte").pooling == "cls"
-            cls = hf(ids, attention_mask=mask).last_hidden_state[:, 0]  # (encode reads no token types)
-            _close(fe.encode(ids, mask), cls)
+        if task == "base":  # encode()'s default: gte-base-en-v1.5's [CLS] token, nomic-embed-text's mean
+            hidden = hf(ids, attention_mask=mask).last_hidden_state  # (encode reads no token types)
+            m = mask[..., None].float()
+            pooled = hidden[:, 0] if arch == "gte" else (hidden * m).sum(1) / m.sum(1)
+            assert architecture.get(arch).pooling == ("cls" if arch == "gte" else "mean")
+            _close(fe.encode(ids, mask), pooled)
 
 
-def test_parity_without_token_types_and_wi_holds_gate_then_up():
+def test_gte_without_token_types_and_wi_holds_gate_then_up():
     hf = _hf.gte("base", type_vocab_size=0, hidden=40, heads=2, layers=2)
     assert hf.embeddings.token_type_embeddings is None
     fe = fastenc.from_hf(hf)
@@ -78,23 +86,25 @@ def test_parity_without_token_types_and_wi_holds_gate_then_up():
                                   {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
                                   {"rope_type": "dynamic", "rope_theta": 20000.0, "factor": 2.0}],
                          ids=["theta", "linear", "dynamic"])
-def test_rope_parameters_from_the_config(rope):
-    hf = _hf.gte("base", rope_parameters=rope, max_position_embeddings=64, hidden=40, heads=2, layers=2)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rope_parameters_from_the_config(arch, rope):
+    hf = _make(arch, "base", rope_parameters=rope, max_position_embeddings=64, hidden=40, heads=2, layers=2)
     fe = fastenc.from_hf(hf)
     assert (fe.config.rope_type, fe.config.rope_theta) == (rope["rope_type"], rope["rope_theta"])
     ids, mask, types = _batch(seed=7, lengths=[64, 33, 5, 40])
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
     _close(fe(ids, mask, types), ref, mask)
-    default = fastenc.from_hf(_hf.gte("base", max_position_embeddings=64, hidden=40, heads=2, layers=2))
+    default = fastenc.from_hf(_make(arch, "base", max_position_embeddings=64, hidden=40, heads=2, layers=2))
     if rope["rope_type"] != "dynamic":  # (dynamic NTK only rescales past max_position_embeddings)
         with torch.no_grad():
             other = default(ids, mask, types)
         assert float((other - ref)[mask.bool()].abs().max()) > 1e-3
 
 
-def test_unsupported_rope_and_activation_are_refused():
-    d = _hf.gte("base", layers=1).config.to_dict()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_unsupported_rope_and_activation_are_refused(arch):
+    d = _make(arch, "base", layers=1).config.to_dict()
     for bad, match in (({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
                         r"rope_parameters\['rope_type'\] must be one of default, linear, dynamic.*'yarn'"),
                        ({"rope_parameters": None, "rope_scaling": {"type": "ntk", "factor": 2.0}},
@@ -103,12 +113,13 @@ def test_unsupported_rope_and_activation_are_refused():
                                              "partial_rotary_factor": 0.5}}, r"\['partial_rotary_factor'\] must be 1.0"),
                        ({"hidden_act": "relu"}, "hidden_act must be a GELU or silu")):
         with pytest.raises(ValueError, match=match):
-            GteConfig.from_dict({**d, **bad})
+            architecture.get(arch).config.from_dict({**d, **bad})
 
 
-def test_long_input_padding_free():
+@pytest.mark.parametrize("arch", ARCHS)
+def test_long_input_padding_free(arch):
     # a few thousand tokens on a tiny config: one sequence of 3001 and one of 1234, packed without padding
-    hf = _hf.gte("base", hidden=32, heads=2, layers=1, max_position_embeddings=4096)
+    hf = _make(arch, "base", hidden=32, heads=2, layers=1, max_position_embeddings=4096)
     fe = fastenc.from_hf(hf)
     ids, mask, types = _hf.text_batch([3001, 1234], seed=8)
     with torch.no_grad():
@@ -120,22 +131,23 @@ def test_long_input_padding_free():
         fe(torch.ones(1, 4097, dtype=torch.long))
 
 
-def test_losses_match_transformers():
+@pytest.mark.parametrize("arch", ARCHS)
+def test_losses_match_transformers(arch):
     ids, mask, types = _batch(seed=9)
     g = torch.Generator().manual_seed(9)
-    hf = _hf.gte("sequence_classification", **SMALL)
+    hf = _make(arch, "sequence_classification", **SMALL)
     labels = torch.randint(0, 5, (4,), generator=g)
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask, token_type_ids=types, labels=labels)
         out = fastenc.from_hf(hf)(ids, mask, types, labels=labels)
     assert type(out).__name__ == "SequenceClassifierOutput" and abs(float(out.loss) - float(ref.loss)) <= TOL
-    hf = _hf.gte("token_classification", **SMALL)
+    hf = _make(arch, "token_classification", **SMALL)
     labels = torch.randint(0, 5, ids.shape, generator=g).masked_fill(mask == 0, -100)
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask, token_type_ids=types, labels=labels)
         out = fastenc.from_hf(hf)(ids, mask, types, labels=labels)
     assert abs(float(out.loss) - float(ref.loss)) <= TOL
-    hf = _hf.gte("masked_lm", **SMALL)
+    hf = _make(arch, "masked_lm", **SMALL)
     labels = torch.full(ids.shape, -100).masked_scatter(mask.bool() & (torch.rand(ids.shape, generator=g) < 0.3),
                                                         torch.randint(0, 211, ids.shape, generator=g))
     with torch.no_grad():
@@ -156,8 +168,9 @@ def _grads_close(fe, hf, rtol=1e-4):
 
 @pytest.mark.parametrize("act", ["gelu", "silu"], ids=["geglu", "swiglu"])
 @pytest.mark.parametrize("task", ["sequence_classification", "token_classification", "masked_lm"])
-def test_first_step_gradients_match_transformers(task, act):
-    hf = _hf.gte(task, hidden_act=act, hidden_dropout_prob=0.0, **SMALL).train()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_first_step_gradients_match_transformers(arch, task, act):
+    hf = _make(arch, task, hidden_act=act, hidden_dropout_prob=0.0, **SMALL).train()
     fe = fastenc.from_hf(hf).train()
     ids, mask, types = _batch(seed=10)
     g = torch.Generator().manual_seed(10)
@@ -174,10 +187,11 @@ def test_first_step_gradients_match_transformers(task, act):
 
 
 @pytest.mark.parametrize("task", HEADS)
-def test_save_pretrained_round_trip(tmp_path, task):
-    hf = _hf.gte(task, rope_parameters={"rope_type": "linear", "rope_theta": 30000.0, "factor": 2.0}, **SMALL)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_save_pretrained_round_trip(arch, tmp_path, task):
+    hf = _make(arch, task, rope_parameters={"rope_type": "linear", "rope_theta": 30000.0, "factor": 2.0}, **SMALL)
     fastenc.from_hf(hf).save_pretrained(tmp_path)
-    back = getattr(_hf.transformers, _hf.GTE_CLASSES[task]).from_pretrained(tmp_path, attn_implementation="eager")
+    back = getattr(_hf.transformers, CLASSES[arch][task]).from_pretrained(tmp_path, attn_implementation="eager")
     ref_state = hf.state_dict()
     for k, v in back.state_dict().items():
         assert torch.equal(ref_state[k], v), k
@@ -193,8 +207,9 @@ def test_save_pretrained_round_trip(tmp_path, task):
                                            ("sequence_classification", "SequenceClassifierOutput"),
                                            ("token_classification", "TokenClassifierOutput"),
                                            ("masked_lm", "MaskedLMOutput")])
-def test_accelerate(task, out_type):
-    hf = _hf.gte(task, layers=2)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_accelerate(arch, task, out_type):
+    hf = _make(arch, task, layers=2)
     acc = fastenc.accelerate(hf)
     ids, mask, types = _hf.text_batch([9, 4, 12], seed=12)
     left = torch.stack([m.roll(int((m == 0).sum())) for m in mask])  # left padding: column 0 is padding
@@ -214,9 +229,10 @@ def test_accelerate(task, out_type):
                 _close(out.last_hidden_state[:, 0], ref.last_hidden_state[:, 0])
 
 
-def test_accelerate_training_gradients_reach_transformers_parameters():
+@pytest.mark.parametrize("arch", ARCHS)
+def test_accelerate_training_gradients_reach_transformers_parameters(arch):
     kw = dict(layers=2, hidden_dropout_prob=0.0)
-    hf, twin = _hf.gte("sequence_classification", **kw).train(), _hf.gte("sequence_classification", **kw)
+    hf, twin = _make(arch, "sequence_classification", **kw).train(), _make(arch, "sequence_classification", **kw)
     acc = fastenc.accelerate(twin.train())
     ids, mask, types = _batch(seed=13)
     labels = torch.tensor([0, 3, 1, 4])
@@ -225,7 +241,7 @@ def test_accelerate_training_gradients_reach_transformers_parameters():
         warnings.simplefilter("error", FallbackWarning)
         out, fast = _hf.ran_fastenc(lambda: acc(input_ids=ids, attention_mask=mask, token_type_ids=types,
                                                 labels=labels))
-    assert fast and abs(float(out.loss) - float(ref.loss)) <= TOL
+    assert fast and abs(out.loss.item() - ref.loss.item()) <= TOL
     ref.loss.backward()
     out.loss.backward()
     mine = dict(twin.named_parameters())
@@ -235,12 +251,13 @@ def test_accelerate_training_gradients_reach_transformers_parameters():
 
 
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
-def test_peft_lora_adapter(tmp_path, merge):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_peft_lora_adapter(arch, tmp_path, merge):
     from peft import LoraConfig, get_peft_model
 
-    hf = _hf.gte("token_classification", **SMALL)
+    hf = _make(arch, "token_classification", **SMALL)
     pm = get_peft_model(copy.deepcopy(hf), LoraConfig(r=4, lora_alpha=8,
-                                                      target_modules=list(architecture.get("gte").lora_targets)))
+                                                      target_modules=list(architecture.get(arch).lora_targets)))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in pm.named_parameters():
@@ -257,21 +274,23 @@ def test_peft_lora_adapter(tmp_path, merge):
     _close(fe(ids, mask, types), ref, mask)
 
 
-def test_lora_on_half_of_the_fused_gate_up_projection_is_refused(tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lora_on_half_of_the_fused_gate_up_projection_is_refused(arch, tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    hf = _hf.gte("base", layers=1)
+    hf = _make(arch, "base", layers=1)
     get_peft_model(copy.deepcopy(hf), LoraConfig(r=2, target_modules=["gate_proj"])).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="'layers.0.mlp.gate_proj' is one part of a fused projection"):
         fastenc.from_hf(hf).load_lora(tmp_path)
 
 
-def test_add_lora_default_targets_train_save_and_load_in_peft(tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_add_lora_default_targets_train_save_and_load_in_peft(arch, tmp_path):
     from peft import PeftModel
 
-    hf = _hf.gte("sequence_classification", **SMALL)
+    hf = _make(arch, "sequence_classification", **SMALL)
     fe = fastenc.from_hf(hf).train()
-    fe.add_lora(r=4, lora_alpha=8)  # the attention projections (PEFT maps no default targets for gte)
+    fe.add_lora(r=4, lora_alpha=8)  # the attention projections (PEFT maps no default targets for these)
     trainable = {n for n, p in fe.named_parameters() if p.requires_grad}
     assert {f"layers.0.attn.Wqkv.lora.default.lora_A.{k}" for k in "qkv"} <= trainable
     assert "layers.0.attn.Wo.lora.default.lora_A.w" in trainable
@@ -284,7 +303,7 @@ def test_add_lora_default_targets_train_save_and_load_in_peft(tmp_path):
         fe(ids, mask, types, labels=labels).loss.backward()
         opt.step()
     fe.eval().save_lora(tmp_path)
-    pm = PeftModel.from_pretrained(_hf.gte("sequence_classification", **SMALL), tmp_path).eval()
+    pm = PeftModel.from_pretrained(_make(arch, "sequence_classification", **SMALL), tmp_path).eval()
     with torch.no_grad():
         ref = pm(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
         base = hf(ids, attention_mask=mask, token_type_ids=types).logits
