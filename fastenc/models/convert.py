@@ -9,7 +9,8 @@ A map is a list of entries (fastenc_name, hf_names, kind):
 Each architecture's map is declared in its own model file (fastenc.models.architecture); `lin` and `qkv` build
 its entries. Legacy checkpoint names (LayerNorm gamma/beta, and each architecture's legacy_names such as ViT's
 encoder.layer.N.attention.attention.query) are renamed to the transformers-5 names by `normalize_hf_names`
-before the map is applied.
+before the map is applied, and the architecture's legacy_fused tensors (the layout transformers' save_pretrained
+still writes for GTE, NomicBERT and Jina-v3: fused q/k/v, [up | gate]) split into theirs (`unfuse`).
 """
 from __future__ import annotations
 
@@ -47,11 +48,34 @@ def normalize_hf_names(arch: str, state: Mapping[str, torch.Tensor]) -> dict[str
     from fastenc.models.architecture import get
 
     out = {}
-    rules = _LEGACY_ANY + list(get(arch).legacy_names)
+    spec = get(arch)
+    rules = _LEGACY_ANY + list(spec.legacy_names)
     for k, v in state.items():
         for pat, rep in rules:
             k = pat.sub(rep, k)
         out[k] = v
+    return unfuse(out, spec.legacy_fused) if spec.legacy_fused else out
+
+
+def unfuse(state: Mapping[str, torch.Tensor], rules) -> dict[str, torch.Tensor]:
+    """Split fused checkpoint tensors into the transformers-5 tensors they hold, in equal row blocks: rules are
+    (regex with groups (module, leaf), (part names...)); a key `<module>.<fused>.<leaf>` matching one becomes
+    `<module>.<part>.<leaf>` for each part, in order (GTE's qkv_proj -> q_proj, k_proj, v_proj; its up_gate_proj,
+    [up | gate], -> up_proj, gate_proj). A tensor whose rows do not split evenly is an error naming it."""
+    out = {}
+    for k, v in state.items():
+        for pat, parts in rules:
+            m = re.fullmatch(pat, k)
+            if m is None or v is None:  # (a name without a tensor, e.g. a PEFT target's, keeps its fused name)
+                continue
+            if v.shape[0] % len(parts):
+                raise ValueError(f"weight {k} must have a multiple of {len(parts)} rows ({', '.join(parts)}), got "
+                                 f"shape {tuple(v.shape)}")
+            for part, t in zip(parts, v.chunk(len(parts), dim=0)):
+                out[f"{m.group(1)}.{part}.{m.group(2)}"] = t
+            break
+        else:
+            out[k] = v
     return out
 
 

@@ -18,6 +18,7 @@ mlm.bias.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastenc.layers import GatedMLP, LayerNorm, Linear, SelfAttention, activation
+from fastenc.layers import MLP, GatedMLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.embedding import embedding, padding_row
 from fastenc.layers.mlp import check_activation
 from fastenc.lora import LoraMixin
@@ -62,6 +63,7 @@ class GteConfig(_Common):
 
     FASTENC_ONLY = ("rope_theta", "rope_type", "rope_factor")  # (saved as rope_parameters, gte.hf_config)
     DEFAULT_THETA = 160000.0
+    GATED = True  # a gated MLP (GELU or SiLU); Jina-v3's plain fc1 -> act -> fc2 takes any activation
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], **override) -> "GteConfig":
@@ -69,7 +71,8 @@ class GteConfig(_Common):
         rope = read_rope(name, d, cls.DEFAULT_THETA)
         act = d.get("hidden_act", cls.hidden_act)
         check_activation(act)
-        if act not in ("gelu", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_fast", "silu", "swish"):
+        gated = ("gelu", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_fast", "silu", "swish")
+        if cls.GATED and act not in gated:
             raise ValueError(f"{name}: hidden_act must be a GELU or silu for the gated MLP, got {act!r}")
         cfg = cls(**_pick(cls, d, num_labels=_num_labels(d), rope_theta=rope.theta, rope_type=rope.kind,
                           rope_factor=rope.factor, **override))
@@ -111,16 +114,20 @@ class GteEmbeddings(nn.Module):
 class GteLayer(nn.Module):
     """Post-norm block: x = LN(x + drop(Wo(attention(rope(q, k), v)))); x = LN(x + drop(Wo(drop(act(gate) * up))))."""
 
-    def __init__(self, cfg: GteConfig, bias: bool = True, mlp_dropout: bool = True):
+    def __init__(self, cfg: GteConfig, bias: bool = True, mlp_dropout: bool = True, gated: bool = True):
         """bias: the attention projections' and the MLP's down projection's biases (GTE's; NomicBERT has none);
-        mlp_dropout: hidden_dropout_prob also on the MLP's gated activation (GTE's, not NomicBERT's)."""
+        mlp_dropout: hidden_dropout_prob also on the MLP's gated activation (GTE's, not NomicBERT's); gated=False:
+        the MLP is fc2(act(fc1(x))) with biases (Jina-v3's)."""
         super().__init__()
         h = cfg.hidden_size
         self.dropout = cfg.hidden_dropout_prob
         self.attn = SelfAttention(h, cfg.num_attention_heads, bias=bias, dropout=cfg.attention_probs_dropout_prob)
         self.attn_norm = LayerNorm(h, cfg.layer_norm_eps)
-        self.mlp = GatedMLP(h, cfg.intermediate_size, cfg.hidden_act, bias=False, out_bias=bias,
-                            dropout=cfg.hidden_dropout_prob if mlp_dropout else 0.0)
+        if gated:
+            self.mlp = GatedMLP(h, cfg.intermediate_size, cfg.hidden_act, bias=False, out_bias=bias,
+                                dropout=cfg.hidden_dropout_prob if mlp_dropout else 0.0)
+        else:
+            self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, rope,
@@ -135,7 +142,10 @@ class GteLayer(nn.Module):
         """The block after attention: o, the attention output at x's rows (before Wo); x, the residual."""
         p = self.dropout if self.training else 0.0
         x = _add_norm(self.attn_norm, self.attn.Wo, o, x, p)
-        return _add_norm(self.mlp_norm, self.mlp.Wo, self.mlp.gated(x), x, p)
+        mlp = self.mlp
+        if isinstance(mlp, GatedMLP):
+            return _add_norm(self.mlp_norm, mlp.Wo, mlp.gated(x), x, p)
+        return _add_norm(self.mlp_norm, mlp.fc2, mlp.hidden(x), x, p)
 
 
 class GteModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
@@ -336,11 +346,13 @@ class GteForMaskedLM(GteModel):
 _GTE_MLM = ("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder.bias")
 
 
-def weight_map(cfg: GteConfig, task: str, prefix: str = "", bias: bool = True, mlm=_GTE_MLM) -> list[Entry]:
+def weight_map(cfg: GteConfig, task: str, prefix: str = "", bias: bool = True, mlm=_GTE_MLM,
+               gated: bool = True) -> list[Entry]:
     """fastenc name <-> transformers name of every GTE tensor (prefix: "gte." inside the head classes). The MLP's
     gate_proj and up_proj are fused into Wi as [gate | up] (the order fastenc.ops.geglu / swiglu read).
     bias: the attention projections and down_proj have biases; mlm: the masked-LM head's dense, norm and bias
-    names (NomicBERT's map is this one with bias=False and BERT's cls.predictions names)."""
+    names (NomicBERT's map is this one with bias=False and BERT's cls.predictions names); gated=False: the MLP's
+    fc1 and fc2 (Jina-v3's)."""
     p = prefix
     m: list[Entry] = [("embeddings.word.weight", (f"{p}embeddings.word_embeddings.weight",), "copy")]
     if cfg.type_vocab_size:
@@ -351,8 +363,11 @@ def weight_map(cfg: GteConfig, task: str, prefix: str = "", bias: bool = True, m
         m += qkv(f"{f}.attn.Wqkv", tuple(f"{h}.self_attn.{n}_proj" for n in "qkv"), bias)
         m += lin(f"{f}.attn.Wo", f"{h}.self_attn.o_proj", bias)
         m += lin(f"{f}.attn_norm", f"{h}.post_attention_layernorm")
-        m += cat(f"{f}.mlp.Wi", (f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"), bias=False)
-        m += lin(f"{f}.mlp.Wo", f"{h}.mlp.down_proj", bias)
+        if gated:
+            m += cat(f"{f}.mlp.Wi", (f"{h}.mlp.gate_proj", f"{h}.mlp.up_proj"), bias=False)
+            m += lin(f"{f}.mlp.Wo", f"{h}.mlp.down_proj", bias)
+        else:
+            m += lin(f"{f}.mlp.fc1", f"{h}.mlp.fc1") + lin(f"{f}.mlp.fc2", f"{h}.mlp.fc2")
         m += lin(f"{f}.mlp_norm", f"{h}.post_mlp_layernorm")
     if cfg.add_pooling_layer:
         m += lin("pooler", f"{p}pooler.dense")
@@ -363,6 +378,24 @@ def weight_map(cfg: GteConfig, task: str, prefix: str = "", bias: bool = True, m
         m += lin("mlm.norm", mlm[1])
         m.append(("mlm.bias", (mlm[2],), "copy"))
     return m
+
+
+# The checkpoint layout transformers' save_pretrained writes for GTE (and the hub's gte-v1.5 / gte-multilingual
+# checkpoints hold): "new." inside the head classes, encoder.layer.N, attention.qkv_proj ([q; k; v]), attn_ln, mlp_ln,
+# mlp.up_gate_proj ([up | gate]: split here, then fused again by the map as [gate | up]), lm_head.norm.
+LEGACY_NAMES = (
+    (re.compile(r"^new\."), "gte."),
+    (re.compile(r"(^|\.)encoder\.layer\.(\d+)\."), r"\1layers.\2."),
+    (re.compile(r"\.attention\.o_proj\."), ".self_attn.o_proj."),
+    (re.compile(r"\.attn_ln\."), ".post_attention_layernorm."),
+    (re.compile(r"\.mlp_ln\."), ".post_mlp_layernorm."),
+    (re.compile(r"^lm_head\.norm\."), "lm_head.layer_norm."),
+)
+LEGACY_FUSED = (
+    (r"(.*layers\.\d+)\.attention\.qkv_proj\.(weight|bias)",
+     ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    (r"(.*layers\.\d+)\.mlp\.up_gate_proj\.(weight|bias)", ("mlp.up_proj", "mlp.gate_proj")),
+)
 
 
 def hf_config(cfg: GteConfig) -> dict:
@@ -387,6 +420,8 @@ ARCHITECTURE = Architecture(
     heads=heads_of(GteModel, GteForSequenceClassification, GteForTokenClassification, GteForMaskedLM),
     weight_map=weight_map,
     head_prefix="gte.",
+    legacy_names=LEGACY_NAMES,
+    legacy_fused=LEGACY_FUSED,
     config_overrides=pooler_override,
     hf_config=hf_config,
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),

@@ -10,6 +10,7 @@ token, classifier), NomicBertForTokenClassification, NomicBertForMaskedLM. encod
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fastenc.models import gte
@@ -61,6 +62,22 @@ class NomicBertForMaskedLM(gte.GteForMaskedLM):
         return config.hidden_act
 
 
+# The checkpoint layout transformers' save_pretrained writes for NomicBERT (nomic-embed-text's): emb_ln,
+# encoder.layers.N, attn.Wqkv ([q; k; v]), attn.out_proj, mlp.fc11 (up), mlp.fc12 (gate), mlp.fc2, norm1, norm2.
+LEGACY_NAMES = (
+    (re.compile(r"(^|\.)emb_ln\."), r"\1embeddings.LayerNorm."),
+    (re.compile(r"(^|\.)encoder\.layers\.(\d+)\."), r"\1layers.\2."),
+    (re.compile(r"\.attn\.out_proj\."), ".self_attn.o_proj."),
+    (re.compile(r"\.mlp\.fc11\."), ".mlp.up_proj."),
+    (re.compile(r"\.mlp\.fc12\."), ".mlp.gate_proj."),
+    (re.compile(r"(layers\.\d+)\.mlp\.fc2\."), r"\1.mlp.down_proj."),
+    (re.compile(r"(layers\.\d+)\.norm1\."), r"\1.post_attention_layernorm."),
+    (re.compile(r"(layers\.\d+)\.norm2\."), r"\1.post_mlp_layernorm."),
+)
+LEGACY_FUSED = (
+    (r"(.*layers\.\d+)\.attn\.Wqkv\.(weight|bias)", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+)
+
 _MLM = ("cls.predictions.transform.dense", "cls.predictions.transform.layer_norm", "cls.predictions.bias")
 
 
@@ -87,6 +104,8 @@ ARCHITECTURE = Architecture(
                    NomicBertForMaskedLM),
     weight_map=weight_map,
     head_prefix="nomic_bert.",
+    legacy_names=LEGACY_NAMES,
+    legacy_fused=LEGACY_FUSED,
     config_overrides=pooler_override,
     hf_config=gte.hf_config,
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),

@@ -1,6 +1,8 @@
-"""GTE and NomicBERT (transformers' GteModel, NomicBertModel; the same blocks, NomicBERT's without biases): parity with transformers (eager, fp32, random weights, odd sizes, masks with holes)
-for every head and both gated activations (GeGLU, SwiGLU), with and without token types; RoPE theta and scaling
-from the config; a long input; losses; first-step gradients; save_pretrained round trip; accelerate; LoRA; encode."""
+"""GTE, NomicBERT and Jina-embeddings-v3 (transformers' GteModel, NomicBertModel, JinaEmbeddingsV3Model: the same
+post-norm RoPE blocks; NomicBERT's without biases, Jina-v3's with a plain MLP): parity with transformers (eager,
+fp32, random weights, odd sizes, masks with holes) for every head and both gated activations (GeGLU, SwiGLU), with
+and without token types; RoPE theta and scaling from the config; a long input; losses; first-step gradients;
+save_pretrained round trip and the layout transformers saves; accelerate; LoRA; encode; Jina-v3's task adapters."""
 from __future__ import annotations
 
 import copy
@@ -18,8 +20,11 @@ TOL = 1e-4
 LENGTHS = [17, 1, 29, 40]
 HEADS = ["base", "sequence_classification", "token_classification", "masked_lm"]
 SMALL = dict(hidden=72, heads=4, layers=3)  # head_dim 18, intermediate 96
-ARCHS = ["gte", "nomic_bert"]
-CLASSES = {"gte": _hf.GTE_CLASSES, "nomic_bert": _hf.NOMIC_BERT_CLASSES}
+ARCHS = ["gte", "nomic_bert", "jina_embeddings_v3"]
+GATED = ["gte", "nomic_bert"]
+CLASSES = {"gte": _hf.GTE_CLASSES, "nomic_bert": _hf.NOMIC_BERT_CLASSES,
+           "jina_embeddings_v3": _hf.JINA_EMBEDDINGS_V3_CLASSES}
+NO_DROP = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def _make(arch, task="base", **kw):
@@ -56,7 +61,8 @@ def _check(task, out, ref, mask):
 def test_parity(arch, task, act):
     hf = _make(arch, task, hidden_act=act, **SMALL)
     fe = fastenc.from_hf(hf)
-    assert fe.layers[0].mlp.Wi.weight.shape == (2 * 96, 72)
+    if arch in GATED:
+        assert fe.layers[0].mlp.Wi.weight.shape == (2 * 96, 72)
     ids, mask, types = _batch()
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask, token_type_ids=types)
@@ -110,8 +116,11 @@ def test_unsupported_rope_and_activation_are_refused(arch):
                        ({"rope_parameters": None, "rope_scaling": {"type": "ntk", "factor": 2.0}},
                         r"rope_scaling\['rope_type'\] must be one of .*'ntk'"),
                        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                             "partial_rotary_factor": 0.5}}, r"\['partial_rotary_factor'\] must be 1.0"),
+                                             "partial_rotary_factor": 0.5}},
+                        r"\['partial_rotary_factor'\] must be 1.0"),
                        ({"hidden_act": "relu"}, "hidden_act must be a GELU or silu")):
+        if arch not in GATED and "hidden_act" in bad:  # (Jina-v3's plain MLP takes any activation)
+            continue
         with pytest.raises(ValueError, match=match):
             architecture.get(arch).config.from_dict({**d, **bad})
 
@@ -159,9 +168,11 @@ def test_losses_match_transformers(arch):
 def _grads_close(fe, hf, rtol=1e-4):
     mine = convert.fastenc_to_hf(architecture.of_model(fe).entries(fe.config, fe.task),
                                  {n: p.grad for n, p in fe.named_parameters()}, fe.config)
-    ref = {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
+    # (a tied weight under each of its names: Jina-v3's masked LM registers lm_head.decoder first)
+    ref = {n: p.grad for n, p in hf.named_parameters(remove_duplicate=False) if p.grad is not None}
     scale = max(float(t.abs().max()) for t in ref.values())
-    for name, r in ref.items():
+    assert set(mine) <= set(ref)
+    for name, r in ((n, r) for n, r in ref.items() if n in mine):
         err = float((mine[name] - r).abs().max())
         assert err <= rtol * max(float(r.abs().max()), 1e-3 * scale), (name, err)
 
@@ -170,7 +181,7 @@ def _grads_close(fe, hf, rtol=1e-4):
 @pytest.mark.parametrize("task", ["sequence_classification", "token_classification", "masked_lm"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_first_step_gradients_match_transformers(arch, task, act):
-    hf = _make(arch, task, hidden_act=act, hidden_dropout_prob=0.0, **SMALL).train()
+    hf = _make(arch, task, hidden_act=act, **NO_DROP, **SMALL).train()
     fe = fastenc.from_hf(hf).train()
     ids, mask, types = _batch(seed=10)
     g = torch.Generator().manual_seed(10)
@@ -231,7 +242,7 @@ def test_accelerate(arch, task, out_type):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_accelerate_training_gradients_reach_transformers_parameters(arch):
-    kw = dict(layers=2, hidden_dropout_prob=0.0)
+    kw = dict(layers=2, **NO_DROP)
     hf, twin = _make(arch, "sequence_classification", **kw).train(), _make(arch, "sequence_classification", **kw)
     acc = fastenc.accelerate(twin.train())
     ids, mask, types = _batch(seed=13)
@@ -274,7 +285,7 @@ def test_peft_lora_adapter(arch, tmp_path, merge):
     _close(fe(ids, mask, types), ref, mask)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", GATED)
 def test_lora_on_half_of_the_fused_gate_up_projection_is_refused(arch, tmp_path):
     from peft import LoraConfig, get_peft_model
 
@@ -310,3 +321,84 @@ def test_add_lora_default_targets_train_save_and_load_in_peft(arch, tmp_path):
         out = fe(ids, mask, types)
     assert float((ref - base).abs().max()) > 1e-3
     _close(out, ref)
+
+
+def test_jina_question_answering_parity_and_loss():
+    hf = _hf.jina_embeddings_v3("question_answering", **SMALL)
+    fe = fastenc.from_hf(hf)
+    ids, mask, types = _batch(seed=16)
+    start, end = torch.tensor([3, 0, 30, 2]), torch.tensor([5, 0, 7, 90])  # 90: out of range, ignored
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask, token_type_ids=types, start_positions=start, end_positions=end)
+        out = fe(ids, mask, types, start_positions=start, end_positions=end)
+        logits = fe(ids, mask, types)
+    _close(logits[0], ref.start_logits, mask)
+    _close(logits[1], ref.end_logits, mask)
+    assert type(out).__name__ == "QuestionAnsweringModelOutput" and abs(out.loss.item() - ref.loss.item()) <= TOL
+
+
+def test_jina_task_adapters_from_the_checkpoint_folder(tmp_path):
+    # The transformers checkpoint's layout: the model, and one PEFT adapter folder per task (retrieval_query, ...).
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    hf = _hf.jina_embeddings_v3("base", **SMALL)
+    hf.save_pretrained(tmp_path)
+    g = torch.Generator().manual_seed(17)
+    for task in ("retrieval_query", "text_matching"):
+        pm = get_peft_model(copy.deepcopy(hf), LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj",
+                                                                                             "o_proj", "fc1"]))
+        with torch.no_grad():
+            for name, p in pm.named_parameters():
+                if "lora_" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        pm.save_pretrained(tmp_path / task)
+    fe = fastenc.from_pretrained(tmp_path)
+    assert fe.lora_adapters["unmerged"] == ["retrieval_query", "text_matching"] and fe.lora_adapters["active"] is None
+    ids, mask, _ = _batch(seed=18)
+    m = mask[..., None].float()
+    pm = PeftModel.from_pretrained(copy.deepcopy(hf), tmp_path / "retrieval_query", adapter_name="retrieval_query")
+    pm.load_adapter(tmp_path / "text_matching", adapter_name="text_matching")
+    pm.eval()
+    with torch.no_grad():
+        base = hf(ids, attention_mask=mask).last_hidden_state
+        _close(fe.encode(ids, mask), (base * m).sum(1) / m.sum(1))  # no adapter by default: the backbone
+        for task, name in (("retrieval.query", "retrieval_query"), ("text-matching", "text_matching")):
+            pm.set_adapter(name)
+            ref = pm(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert float((ref - base)[mask.bool()].abs().max()) > 1e-3
+            _close(fe.encode(ids, mask, adapter=task), (ref * m).sum(1) / m.sum(1))
+    with pytest.raises(ValueError, match=r"adapter 'separation' is not loaded \(loaded: \['retrieval_query', "):
+        fe.encode(ids, mask, adapter="separation")
+    with pytest.raises(ValueError, match="holds no task adapter folder"):
+        fastenc.from_hf(hf).load_task_adapters(tmp_path / "retrieval_query")
+
+
+def test_jina_original_remote_code_layout_is_refused():
+    d = {**_hf.jina_embeddings_v3("base", layers=1).config.to_dict(), "lora_adaptations": ["retrieval.query"]}
+    with pytest.raises(ValueError, match="lora_adaptations is the original jina-embeddings-v3 layout"):
+        architecture.get("jina_embeddings_v3").config.from_dict(d)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_checkpoints_in_transformers_saved_layout_load(arch, tmp_path):
+    # transformers' save_pretrained writes these models in their original layout (fused q/k/v; GTE's
+    # up_gate_proj = [up | gate], NomicBERT's fc11 = up, fc12 = gate; renamed norms): from_pretrained reads it.
+    from safetensors.torch import load_file
+
+    fused = {"gte": "attention.qkv_proj.weight", "nomic_bert": "attn.Wqkv.weight",
+             "jina_embeddings_v3": "mixer.Wqkv.weight"}[arch]
+    for task in CLASSES[arch]:
+        folder = tmp_path / task
+        hf = _make(arch, task, **SMALL)
+        hf.save_pretrained(folder)
+        assert any(k.endswith(fused) for k in load_file(str(folder / "model.safetensors"))), task
+        fe = fastenc.from_pretrained(folder)
+        assert type(fe).__name__ == type(hf).__name__
+        ids, mask, types = _batch(seed=19)
+        with torch.no_grad():
+            ref = hf(ids, attention_mask=mask, token_type_ids=types)
+            out = fe(ids, mask, types)
+        if task == "question_answering":
+            _close(out[0], ref.start_logits, mask)
+        else:
+            _check(task, out, ref, mask)
