@@ -18,6 +18,7 @@ mlm.bias.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -112,7 +113,21 @@ class GteEmbeddings(nn.Module):
 
 
 class GteLayer(nn.Module):
-    """Post-norm block: x = LN(x + drop(Wo(attention(rope(q, k), v)))); x = LN(x + drop(Wo(drop(act(gate) * up))))."""
+    """Post-norm block: x = LN(x + drop(Wo(attention(rope(q, k), v)))); x = LN(x + drop(Wo(drop(act(gate) * up)))).
+    gradient_checkpointing=True (fastenc.accelerate sets it from transformers' flag of the same name): in training
+    under autograd the block's activations are not kept, the block is run again in the backward (checkpoint_func,
+    default torch.utils.checkpoint.checkpoint(use_reentrant=False)), as transformers' GradientCheckpointingLayer."""
+
+    gradient_checkpointing = False
+    checkpoint_func = None
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            run = self.checkpoint_func or (lambda fn, *a: checkpoint(fn, *a, use_reentrant=False))
+            return run(functools.partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
 
     def __init__(self, cfg: GteConfig, bias: bool = True, mlp_dropout: bool = True, gated: bool = True):
         """bias: the attention projections' and the MLP's down projection's biases (GTE's; NomicBERT has none);

@@ -402,3 +402,32 @@ def test_checkpoints_in_transformers_saved_layout_load(arch, tmp_path):
             _close(out[0], ref.start_logits, mask)
         else:
             _check(task, out, ref, mask)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_accelerate_honours_gradient_checkpointing(arch):
+    hf = _make(arch, "token_classification", layers=3, **NO_DROP).train()
+    acc = fastenc.accelerate(hf)
+    ids, mask, types = _batch(seed=20)
+    labels = torch.randint(0, 5, ids.shape, generator=torch.Generator().manual_seed(20)).masked_fill(mask == 0, -100)
+    inp = dict(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+
+    def step():
+        hf.zero_grad(set_to_none=True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
+            loss = acc(**inp).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in hf.named_parameters() if p.grad is not None}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        saved = []
+        loss0, g0 = step()
+        plain = sum(saved)
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        saved = []
+        (loss1, g1), ran = _hf.ran_fastenc(step)
+    assert ran and sum(saved) < 0.6 * plain, (sum(saved), plain)
+    assert loss0 == loss1 and g0.keys() == g1.keys()
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
