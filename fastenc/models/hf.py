@@ -19,7 +19,8 @@ explicit position_ids, a mask that is not (batch, seq), ViT's interpolate_pos_en
 attention_mask, labels on a base model, left padding the padded column-0 query cannot be computed for (below), and
 gradient checkpointing in training on an architecture whose fastenc layers cannot recompute themselves (ModernBERT,
 ViT, DeiT). On the others (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, GTE, NomicBERT,
-Jina-v3) gradient_checkpointing_enable() is honoured: each layer transformers checkpoints is checkpointed in fastenc's layer loop the same way.
+Jina-v3) gradient_checkpointing_enable() is honoured: each layer transformers checkpoints is checkpointed in
+fastenc's layer loop the same way.
 
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
