@@ -395,9 +395,10 @@ def weight_map(cfg: GteConfig, task: str, prefix: str = "", bias: bool = True, m
     return m
 
 
-# The checkpoint layout transformers' save_pretrained writes for GTE (and the hub's gte-v1.5 / gte-multilingual
-# checkpoints hold): "new." inside the head classes, encoder.layer.N, attention.qkv_proj ([q; k; v]), attn_ln, mlp_ln,
-# mlp.up_gate_proj ([up | gate]: split here, then fused again by the map as [gate | up]), lm_head.norm.
+# The checkpoint layout transformers' save_pretrained writes for GTE (the weight layout of the original gte-v1.5 /
+# gte-multilingual checkpoints; their config's model_type "new" is not read): "new." inside the head classes,
+# encoder.layer.N, attention.qkv_proj ([q; k; v]), attn_ln, mlp_ln, mlp.up_gate_proj ([up | gate]: split here, then
+# fused again by the map as [gate | up]), lm_head.norm.
 LEGACY_NAMES = (
     (re.compile(r"^new\."), "gte."),
     (re.compile(r"(^|\.)encoder\.layer\.(\d+)\."), r"\1layers.\2."),
