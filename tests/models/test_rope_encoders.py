@@ -13,6 +13,7 @@ import torch
 
 import fastenc
 import _models_hf as _hf
+from fastenc import testing
 from fastenc.models import architecture, convert
 from fastenc.models.hf import FallbackWarning
 
@@ -431,3 +432,17 @@ def test_accelerate_honours_gradient_checkpointing(arch):
     assert loss0 == loss1 and g0.keys() == g1.keys()
     for n in g0:
         assert torch.allclose(g0[n], g1[n], rtol=1e-5, atol=1e-7), n
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_by_the_tolerance_rule(arch):
+    dtype = torch.bfloat16
+    hf = _make(arch, "base", **SMALL)
+    ids, mask, types = _batch(seed=21)
+    with torch.no_grad():
+        ref32 = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        ref_lowp = _make(arch, "base", **SMALL).to(dtype)(ids, attention_mask=mask, token_type_ids=types)
+        out = fastenc.from_hf(hf).to(dtype=dtype)(ids, mask, types)
+    assert out.dtype == dtype
+    m = mask.bool()
+    testing.assert_close(out[m].float(), ref32[m], ref_lowp.last_hidden_state[m].float(), dtype=dtype)
