@@ -214,6 +214,9 @@ def _linear_target(model, table, arch: str, peft_name: str, missing: list[str]):
         module = model.get_submodule(fe_name)
     except AttributeError:
         module = None
+    if kind == "cat":
+        raise ValueError(f"load_lora: target module {peft_name!r} is one part of a fused projection in fastenc's "
+                         f"{type(model).__name__} (LoRA there is not supported; target the attention projections)")
     if kind == "patch" or not isinstance(module, Linear):
         raise ValueError(f"load_lora: target module {peft_name!r} is not a linear layer in fastenc's "
                          f"{type(model).__name__} (LoRA on convolutions, embeddings and norms is not supported)")

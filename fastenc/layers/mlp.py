@@ -1,5 +1,6 @@
 """Feed-forward blocks: fc1 -> GELU -> fc2 (BERT, ViT) with the fc1 bias fused into the activation, and
-ModernBERT's GeGLU: Wi -> (input, gate) -> gelu(input) * gate -> Wo."""
+ModernBERT's GeGLU: Wi -> (input, gate) -> gelu(input) * gate -> Wo, and the gated MLP of GTE / NomicBERT (GatedMLP:
+act(gate) * up with a GELU (GeGLU) or SiLU (SwiGLU) activation)."""
 from __future__ import annotations
 
 import torch
@@ -100,6 +101,39 @@ class GeGLUMLP(nn.Module):
         n = h.shape[-1] // 2
         out = h[..., :n] if h.is_contiguous() and not needs_grad(h) else None
         g = ops.geglu(h, approximate=self.approximate, out=out)
+        if self.training and self.dropout > 0:
+            g = F.dropout(g, self.dropout, training=True)
+        return g
+
+
+class GatedMLP(nn.Module):
+    """Wo(drop(act(gate) * up)) with gate, up = Wi(x).chunk(2) (gate FIRST, the order of fastenc.ops.geglu and
+    fastenc.ops.swiglu): GTE's and NomicBERT's MLP (their separate gate_proj and up_proj fused into one Wi by the
+    weight map). act: a GELU name (fastenc.ops.geglu) or silu / swish (fastenc.ops.swiglu). x: (tokens, hidden) ->
+    (tokens, hidden). bias: Wi's bias; out_bias: Wo's. dropout: on act(gate) * up in training mode."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu", bias: bool = False, out_bias: bool = True,
+                 dropout: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        self.act = check_activation(act)
+        approx = _ACTS[act][0]
+        if approx is None and act not in ("silu", "swish"):
+            raise ValueError(f"GatedMLP: act must be a GELU or silu/swish, got {act!r}")
+        self.approximate = approx  # None: SwiGLU
+        self.dropout = float(dropout)
+        self.Wi = Linear(hidden, 2 * intermediate, bias=bias, device=device, dtype=dtype)
+        self.Wo = Linear(intermediate, hidden, bias=out_bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
+        return self.Wo(self.gated(x), with_bias=out_bias)
+
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
+        """drop(act(gate) * up) of Wi(x): (tokens, intermediate), the input of Wo."""
+        h = self.Wi(x)
+        if self.approximate is None:
+            g = ops.swiglu(h)
+        else:
+            g = ops.geglu(h, approximate=self.approximate)
         if self.training and self.dropout > 0:
             g = F.dropout(g, self.dropout, training=True)
         return g

@@ -19,6 +19,8 @@ An Architecture declares:
   inputs         the transformers forward arguments the fastenc path serves (beyond each head's label names)
   token_types    whether the fastenc text models take token_type_ids (third positional argument)
   legacy_names   (regex, replacement) renames of older checkpoint keys, applied before the map
+  legacy_fused   (regex with groups (module, leaf), (part names...)) fused checkpoint tensors split into the
+                 transformers-5 ones after the renames (fastenc.models.convert.unfuse; GTE's qkv_proj)
   config_overrides  (task, has_pooler) -> fastenc config overrides fixed by the head class (BERT's pooler)
   hf_config      cfg -> extra config.json entries save_pretrained writes (ModernBERT's rope_parameters)
   lora_targets   PEFT's usual target modules for this architecture (benchmarks, `fastenc finetune --lora`)
@@ -48,6 +50,9 @@ _MODULES = (
     "xlm_roberta",
     "camembert",
     "albert",
+    "gte",
+    "nomic_bert",
+    "jina_embeddings_v3",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
@@ -71,6 +76,7 @@ class Architecture:
     token_types: bool = True
     encoder_of: tuple[str, ...] = ()
     legacy_names: tuple = ()
+    legacy_fused: tuple = ()
     config_overrides: Callable | None = None
     hf_config: Callable | None = None
     lora_targets: tuple[str, ...] = ()

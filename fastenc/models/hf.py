@@ -18,8 +18,9 @@ model, with a `FallbackWarning`: inputs_embeds, output_attentions / output_hidde
 explicit position_ids, a mask that is not (batch, seq), ViT's interpolate_pos_encoding / bool_masked_pos /
 attention_mask, labels on a base model, left padding the padded column-0 query cannot be computed for (below), and
 gradient checkpointing in training on an architecture whose fastenc layers cannot recompute themselves (ModernBERT,
-ViT, DeiT). On the others (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT) gradient_checkpointing_enable() is
-honoured: each layer transformers checkpoints is checkpointed in fastenc's layer loop the same way.
+ViT, DeiT). On the others (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, GTE, NomicBERT,
+Jina-v3) gradient_checkpointing_enable() is honoured: each layer transformers checkpoints is checkpointed in
+fastenc's layer loop the same way.
 
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
@@ -248,7 +249,7 @@ def _live(self, entries) -> dict:
         ts = [params[h] for h in hs]
         if kind == "copy":
             out[fe_name] = ts[0]
-        elif kind == "qkv":
+        elif kind in ("qkv", "cat"):
             out[fe_name] = torch.cat(ts, 0)
         else:  # "patch"
             out[fe_name] = ts[0].reshape(ts[0].shape[0], -1)
