@@ -130,8 +130,8 @@ def contiguous_args(n: int):
     """wrap= of a backend whose kernel assumes contiguous tensors: its first n arguments are made contiguous (a copy
     only where one is not)."""
     def wrap(fn):
-        def call(*args):
-            return fn(*(a.contiguous() for a in args[:n]), *args[n:])
+        def call(*args, **kwargs):
+            return fn(*(a.contiguous() for a in args[:n]), *args[n:], **kwargs)
         call.__name__ = getattr(fn, "__name__", "contiguous")
         return call
     return wrap
@@ -139,15 +139,12 @@ def contiguous_args(n: int):
 
 def _cuda_check(inputs) -> list[str]:
     why = registry.triton_available()
-    return ([f"the Triton kernel that serves it is unavailable: {why}"] if why else []) + _triton_bwd_check(inputs)
+    why = [f"the Triton kernel that serves it is unavailable: {why}"] if why else []
+    return why + _triton_check(inputs) + no_bias(inputs)  # (the cuda forward has no bias: its backward neither)
 
 
 _backends.implement(OP_BWD, "reference", _reference)
-def _triton_bwd_check(inputs) -> list[str]:
-    return _triton_check(inputs) + no_bias(inputs)
-
-
-_backends.implement(OP_BWD, "triton", "fastenc.kernels.attention_bwd", "attention_bwd", check=_triton_bwd_check,
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.attention_bwd", "attention_bwd", check=_triton_check,
                     wrap=contiguous_args(5), limits="head_dim multiple of 8 <= 256; contiguous inputs (copied if not); "
                                                  "CUDA, CPU tensors under TRITON_INTERPRET=1")
 # The cpu kernel reads fp32 q, k, v row-strided in place and, given grad_qkv, writes dq, dk, dv into its column

@@ -78,15 +78,11 @@ def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-def _triton_fwd_check(inputs) -> list[str]:
-    return _triton_check(inputs) + no_bias(inputs)
-
-
 _backends.implement(OP, "reference", _reference)
 _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
 
 
-_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_fwd_check,
+_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
                     wrap=contiguous_args(3),
                     limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
                         "under TRITON_INTERPRET=1")

@@ -13,6 +13,7 @@ from fastenc.reference.attention_bias import bias_matrix, distance_bias, relativ
 from fastenc.reference.attention_bwd import attention_bwd_varlen_ref, attention_lse_varlen_ref
 
 OP = "attention"
+INTERP = registry.interpreter_on() and not torch.cuda.is_available()
 
 
 def _bias_inputs(backend, dtype=torch.float32, head_dim=64):
@@ -80,9 +81,11 @@ CASES = [
 def _cases():
     out = []
     for be in testing.backends_for(OP):
-        for dt in testing.DTYPES:
+        small = be == "triton" and INTERP  # interpreter time: short sequences; its bf16 tl.dot is wrong
+        for dt in ((torch.float32, torch.float16) if small else testing.DTYPES):
             for c in CASES:
-                out.append((be, dt) + c)
+                if not small or max(c[1]) <= 129:
+                    out.append((be, dt) + c)
     return testing.cases(OP, out, lambda be, dt, *c: _bias_inputs(be, dt, c[3]),
                          ids=lambda be, dt, name, *c: f"{be}-{testing.dtype_id(dt)}-{name}")
 
@@ -225,7 +228,7 @@ def test_reference_backward_gradcheck_fp64(window):
     assert torch.autograd.gradcheck(f, (q, k, v, table, slopes))
 
 
-@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("backend", ["cuda"])
 def test_backends_without_the_bias_declare_it(backend):
     inputs = _bias_inputs(backend, torch.float16)
     reason = "a distance bias (relative_bias / alibi_slopes) is not supported"
