@@ -270,3 +270,29 @@ def test_bias_under_opcheck():
     backend = "cpu" if "cpu" in testing.backends_for(OP, "cpu") else "reference"
     torch.library.opcheck(torch.ops.fastenc.attention.default,
                           (q, k, v, cu, 7, -1, -1, 0.3, backend, 0.0, 0, 0, lut))
+
+
+@pytest.mark.parametrize("backend", testing.backend_cases(OP, lambda b: _bias_inputs(b, head_dim=24)))
+@pytest.mark.parametrize("window", [None, (5, 9)], ids=["nowindow", "w5_9"])
+def test_attention_qkv_with_bias_matches_attention(backend, window):
+    """attention_qkv reads q, k, v from one buffer: the same output and gradients (d qkv, the table's, the
+    slopes') as fastenc.ops.attention on its three column blocks."""
+    dev = testing.device_for(backend)
+    lens, h, d = (17, 1, 40), 3, 24
+    t = sum(lens)
+    cu = _cu(lens).to(dev)
+    qkv, g = testing.randn(t, 3 * h * d, device=dev), testing.randn(t, h, d, device=dev)
+    table, slopes = (x.to(dev) for x in _params(h)("both"))
+    res = []
+    for fused in (True, False):
+        x = qkv.clone().requires_grad_(True)
+        tb, sl = table.clone().requires_grad_(True), slopes.clone().requires_grad_(True)
+        kw = dict(cu_seqlens=cu, window=window, relative_bias=tb, alibi_slopes=sl)
+        if fused:
+            out = ops.attention_qkv(x, h, backend=backend, **kw)
+        else:
+            out = ops.attention(*x.view(t, 3, h, d).unbind(1), backend=backend, **kw)
+        out.backward(g)
+        res.append((out, x.grad, tb.grad, sl.grad))
+    for name, a, b in zip(("out", "dqkv", "dtable", "dslopes"), *res):
+        testing.assert_close(a, b, name=name)
