@@ -84,10 +84,10 @@ _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attenti
 
 _backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
                     wrap=contiguous_args(3),
-                    limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
+                    limits="head_dim multiple of 8 <= 256; distance bias; contiguous q, k, v (copied if not); CUDA, CPU tensors "
                         "under TRITON_INTERPRET=1")
 _backends.implement(OP, "cpu", "attention", check=_cpu_check,
-                    limits="head_dim <= 256, fp32 math; fp32 q, k, v read in place with one row stride")
+                    limits="head_dim <= 256, fp32 math; distance bias; fp32 q, k, v read in place with one row stride")
 
 
 def _cuda_check(inputs) -> list[str]:
@@ -97,7 +97,7 @@ def _cuda_check(inputs) -> list[str]:
 
 
 _backends.implement(OP, "cuda", "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; contiguous q, k, v (copied if not); "
+                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128, no distance bias; contiguous q, k, v (copied if not); "
                                                "FlashAttention-2 on tensor cores (sm_80+)")
 
 

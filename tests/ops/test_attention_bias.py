@@ -296,3 +296,25 @@ def test_attention_qkv_with_bias_matches_attention(backend, window):
         res.append((out, x.grad, tb.grad, sl.grad))
     for name, a, b in zip(("out", "dqkv", "dtable", "dslopes"), *res):
         testing.assert_close(a, b, name=name)
+
+
+def test_bias_under_torch_compile_fullgraph():
+    """The lookup is built inside the traced graph; a cu_seqlens with a longer sequence on the second call is
+    served (the lookup follows it), and the table / slopes get their gradients."""
+    backend = "cpu" if "cpu" in testing.backends_for(OP, "cpu") else "reference"
+    q, k, v = (testing.randn(30, 2, 16).requires_grad_(True) for _ in range(3))
+    table, slopes = testing.randn(32, 2).requires_grad_(True), testing.randn(2).abs().requires_grad_(True)
+
+    def f(q, k, v, t, s, cu):
+        return ops.attention(q, k, v, cu_seqlens=cu, relative_bias=t, alibi_slopes=s, backend=backend)
+    compiled = torch.compile(f, fullgraph=True)
+    for lens in ((13, 17), (29, 1)):
+        cu = _cu(lens)
+        got = compiled(q, k, v, table, slopes, cu)
+        want = f(q, k, v, table, slopes, cu)
+        testing.assert_close(got, want)
+        g = testing.randn(30, 2, 16)
+        grads = torch.autograd.grad(got, (q, table, slopes), g)
+        wants = torch.autograd.grad(want, (q, table, slopes), g)
+        for a, b in zip(grads, wants):
+            testing.assert_close(a, b)
