@@ -270,6 +270,12 @@ def test_bias_under_opcheck():
     backend = "cpu" if "cpu" in testing.backends_for(OP, "cpu") else "reference"
     torch.library.opcheck(torch.ops.fastenc.attention.default,
                           (q, k, v, cu, 7, -1, -1, 0.3, backend, 0.0, 0, 0, lut))
+    out, lse = torch.ops.fastenc.attention.default(q, k, v, cu, 7, -1, -1, 0.3, backend, 0.0, 0, 0, lut)
+    g = testing.randn(11, 2, 8)
+    for need_dq, need_dkdv in ((True, True), (False, True), (True, False)):
+        torch.library.opcheck(torch.ops.fastenc.attention_bwd_bias.default,
+                              (g, q.detach(), k.detach(), v.detach(), out.detach(), lse, cu, 7, -1, -1, 0.3, backend,
+                               0.0, 0, 0, need_dq, need_dkdv, lut.detach()))
 
 
 @pytest.mark.parametrize("backend", testing.backend_cases(OP, lambda b: _bias_inputs(b, head_dim=24)))
