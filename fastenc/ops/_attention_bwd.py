@@ -102,7 +102,8 @@ def _(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right
 
 
 def no_bias(inputs) -> list[str]:
-    """The reason of a backend without the distance bias (relative_bias / alibi_slopes) when one is given."""
+    """The reason a backend without the distance bias (relative_bias / alibi_slopes) gives when one is given: a
+    backend that does not serve the bias adds this to its check, so the dispatcher never drops the bias."""
     if inputs.get("bias") is not None:
         return ["a distance bias (relative_bias / alibi_slopes) is not supported"]
     return []
@@ -139,8 +140,7 @@ def contiguous_args(n: int):
 
 def _cuda_check(inputs) -> list[str]:
     why = registry.triton_available()
-    why = [f"the Triton kernel that serves it is unavailable: {why}"] if why else []
-    return why + _triton_check(inputs) + no_bias(inputs)  # (the cuda forward has no bias: its backward neither)
+    return ([f"the Triton kernel that serves it is unavailable: {why}"] if why else []) + _triton_check(inputs)
 
 
 _backends.implement(OP_BWD, "reference", _reference)

@@ -40,7 +40,7 @@ from fastenc.ops import _backends
 from fastenc.ops._common import (INT64_MAX as _INT64_MAX, check_cu_seqlens, check_float, draw_seed_offset,
                                  needs_grad)
 from fastenc.ops._attention_bwd import (  # also registers attention_bwd
-    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, no_bias, setup_context)
+    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, setup_context)
 from fastenc.ops._library import custom_op
 from fastenc.padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
@@ -93,11 +93,11 @@ _backends.implement(OP, "cpu", "attention", check=_cpu_check,
 def _cuda_check(inputs) -> list[str]:
     d = _head_dim(inputs)
     why = [] if d in (32, 64, 96, 128) else [f"head_dim must be 32, 64, 96 or 128, got {d}"]
-    return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else []) + no_bias(inputs)
+    return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else [])
 
 
 _backends.implement(OP, "cuda", "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128, no distance bias; contiguous q, k, v (copied if not); "
+                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; distance bias; contiguous q, k, v (copied if not); "
                                                "FlashAttention-2 on tensor cores (sm_80+)")
 
 

@@ -228,22 +228,32 @@ def test_reference_backward_gradcheck_fp64(window):
     assert torch.autograd.gradcheck(f, (q, k, v, table, slopes))
 
 
-@pytest.mark.parametrize("backend", ["cuda"])
-def test_backends_without_the_bias_declare_it(backend):
-    inputs = _bias_inputs(backend, torch.float16)
-    reason = "a distance bias (relative_bias / alibi_slopes) is not supported"
-    assert reason in testing.cannot_serve(OP, backend, inputs)
-    assert reason in testing.cannot_serve("attention_bwd", backend, inputs)
-    assert reason not in testing.cannot_serve(OP, backend, {"q": inputs["q"], "bias": None})
-    q = testing.randn(9, 2, 64)
-    with pytest.raises(ValueError, match=backend):
-        ops.attention(q, q, q, cu_seqlens=_cu((9,)), relative_bias=testing.randn(32, 2), backend=backend)
-    if registry.impl(OP, backend).unavailable_reason() is None and backend in testing.backends_for(OP):
-        dev = testing.device_for(backend)
-        qd = q.to(dev, torch.float16)
-        with pytest.raises(ValueError, match="distance bias"):
-            ops.attention(qd, qd, qd, cu_seqlens=_cu((9,)).to(dev), alibi_slopes=testing.randn(2).to(dev),
-                          backend=backend)
+@pytest.mark.parametrize("op", [OP, "attention_bwd"])
+def test_a_backend_without_the_bias_declares_it(monkeypatch, op):
+    """Every backend serves the bias today; one that does not adds no_bias to its check: an explicit forward choice
+    then raises naming the reason, automatic selection (and the backward's choice) passes it over, saying why:
+    never a silent drop of the bias."""
+    import dataclasses
+
+    from fastenc.ops._attention_bwd import no_bias
+    assert no_bias({"bias": None}) == []
+    for backend in registry.impls(op):
+        assert "a distance bias" not in " ".join(testing.cannot_serve(op, backend, _bias_inputs(backend, torch.float16)))
+    impl = registry.impl(op, "reference")
+    old = impl.check
+    monkeypatch.setitem(registry._REGISTRY[op], "reference", dataclasses.replace(
+        impl, check=lambda inputs: (old(inputs) if old else []) + no_bias(inputs)))
+    q = testing.randn(9, 2, 8, seed=3).requires_grad_(op == "attention_bwd")
+    kw = dict(cu_seqlens=_cu((9,)), relative_bias=testing.randn(32, 2))
+    if op == OP:
+        with pytest.raises(ValueError, match="reference: a distance bias .* is not supported"):
+            ops.attention(q, q, q, backend="reference", **kw)
+        assert ops.attention(q, q, q, **kw).shape == q.shape
+    elif [b for b in testing.backends_for(op, "cpu") if b != "reference"]:
+        # the backward of an explicit forward backend goes to one that serves the bias, saying why
+        with pytest.warns(RuntimeWarning, match="not reference: a distance bias .* is not supported"):
+            ops.attention(q, q, q, backend="reference", **kw).sum().backward()
+        assert q.grad is not None
 
 
 def test_bad_bias_arguments_name_the_argument():
