@@ -242,16 +242,22 @@ def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False) -> AttentionBwdConfig:
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False,
+                   biased: bool = False) -> AttentionBwdConfig:
     """Analytical choice per head dim (cc = major*10+minor; None = CPU interpreter). dK and dV (or dQ) accumulate
     in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills. The
     dropout hash's temporaries (per tile element) take registers too: fp16/bf16 head dims 72..128 go to 64 x 32
-    tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80)."""
+    tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80).
+    The distance bias's gather and atomics (biased) in fp32: 16 x 16 tiles over 4 warps up to head dim 64, the
+    dropout path's 16 x 32 up to 128 (32 x 32 x 8 warps, 16 x 32 and 32 x 16 x 4 warps each spilled 4-8 B in the
+    dQ kernel at head dim 64 on sm_80)."""
     bd = block_d(head_dim)
     if cc is None:  # interpreter: few large tiles
         return AttentionBwdConfig(64, 64, 4, 1)
     if dtype == torch.float32:  # IEEE fp32 dots (no tensor-core path): small tiles over 8 warps
-        if dropout and 64 < bd <= 128:  # 8 warps spilled 8 B at head dim 128 on sm_80 with dropout
+        if biased and bd <= 64:
+            return AttentionBwdConfig(16, 16, 4, 1)
+        if (dropout or biased) and 64 < bd <= 128:  # 8 warps spilled 8 B at head dim 128 on sm_80 with dropout
             return AttentionBwdConfig(16, 32, 4, 1)
         return AttentionBwdConfig(32, 32, 8, 1) if bd <= 64 else AttentionBwdConfig(16, 32, 8, 1)
     if dropout and bd > 64:
@@ -287,7 +293,7 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     lse = lse.contiguous()
     delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     bd = block_d(d)
-    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0)
+    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0, bias is not None)
     common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
                   HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
                   HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -336,7 +342,7 @@ def compile_specs() -> list[dict]:
         ("fp32", torch.float32, 64, False, False, True)]
     for cc in (90,):  # default_config does not depend on the GPU generation (yet): one config per case
         for tname, dtype, d, windowed, dropout, biased in cases:
-            cfg = default_config(d, dtype, cc, dropout)
+            cfg = default_config(d, dtype, cc, dropout, biased)
             ptr = "*" + tname
             ints = {"total": "i32", "n_tiles": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
                     "window_right": "i32", "qk_scale": "fp32", "scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
