@@ -36,11 +36,14 @@ bool attention_head_dim_supported(int64_t head_dim) {
 cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                           int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
                           int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream,
-                          float* lse) {
+                          float* lse, const float* bias, int64_t bias_len) {
   if (batch == 0 || heads == 0 || total == 0) return cudaSuccess;
   if (!attention_head_dim_supported(head_dim) || (dtype != kF16 && dtype != kBF16)) return cudaErrorInvalidValue;
   // total <= 2**30 and windows < total keep the kernel's int sums (row + window) below 2**31.
   if (batch < 0 || heads <= 0 || heads > 65535 || max_seqlen < 0 || total < 0 || total > (int64_t{1} << 30))
+    return cudaErrorInvalidValue;
+  // The bias lookup must reach the longest sequence (the kernel also bounds every index it reads).
+  if (bias != nullptr && (bias_len <= 0 || bias_len % 2 == 0 || bias_len > 0x7fffffff || (bias_len + 1) / 2 < max_seqlen))
     return cudaErrorInvalidValue;
   // max_seqlen sizes the grid: no more than every row, at least one tile.
   max_seqlen = std::max<int64_t>(1, std::min(max_seqlen, total));
@@ -62,6 +65,8 @@ cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out
   p.window_right = (window_right < 0 || window_right >= total) ? -1 : static_cast<int>(window_right);
   p.scale_log2 = scale * 1.4426950408889634f;
   p.lse = lse;
+  p.bias = bias;
+  p.bias_len = bias != nullptr ? static_cast<int>(bias_len) : 1;
   if (dtype == kF16) return attn::run_for_head_dim<__half>(p, head_dim, stream);
   return attn::run_for_head_dim<__nv_bfloat16>(p, head_dim, stream);
 }

@@ -17,10 +17,12 @@ namespace fastenc_cuda {
 // Query i of a sequence sees keys j of the same sequence with i-window_left <= j <= i+window_right
 // (a negative window side is unbounded). head_dim in attention_head_dim_supported(). lse (or null): heads x
 // total_tokens fp32, each row's natural log-sum-exp of scale * q.k (+inf for a row that sees no key).
+// bias (or null): a distance bias lookup heads x bias_len fp32 on the device, bias_len = 2L - 1 with
+// L >= max_seqlen (else cudaErrorInvalidValue): the score of query i and key j gets + bias[h, i - j + L - 1].
 cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                           int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
                           int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream,
-                          float* lse = nullptr);
+                          float* lse = nullptr, const float* bias = nullptr, int64_t bias_len = 0);
 bool attention_head_dim_supported(int64_t head_dim);
 
 }  // namespace fastenc_cuda

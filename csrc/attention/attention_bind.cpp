@@ -18,7 +18,8 @@ using namespace fastenc_cuda_torch;
 // outside [0, total_tokens].
 std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                                           int64_t max_seqlen,
-                      int64_t window_left, int64_t window_right, double scale) {
+                      int64_t window_left, int64_t window_right, double scale, double dropout_p,
+                                          int64_t seed, int64_t offset, const OptTensor& bias) {
   check_on(q, q, "attention", "q");
   check_on(k, q, "attention", "k");
   check_on(v, q, "attention", "v");
@@ -38,7 +39,17 @@ std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, cons
   TORCH_CHECK(max_seqlen >= 0, "attention (cuda): max_seqlen must be >= 0, got ", max_seqlen);
   TORCH_CHECK(window_left >= -1 && window_right >= -1,
               "attention (cuda): window sizes must be >= 0 or -1 (unbounded), got (", window_left, ", ", window_right, ")");
+  TORCH_CHECK(dropout_p == 0.0, "attention (cuda): dropout_p > 0 is not supported, got ", dropout_p);
+  (void)seed, (void)offset;
+  if (bias) {
+    check_on(*bias, q, "attention", "bias");
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 2 && bias->size(0) == q.size(1) &&
+                    bias->size(1) % 2 == 1 && (bias->size(1) + 1) / 2 >= max_seqlen,
+                "attention (cuda): bias must be float32 (heads=", q.size(1), ", 2L - 1) with L >= max_seqlen=",
+                max_seqlen, ", got ", bias->scalar_type(), " ", bias->sizes());
+  }
   const c10::cuda::CUDAGuard guard(q.device());
+  const Tensor bc = bias ? bias->contiguous() : Tensor();
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), cu = cu_seqlens.contiguous();
   Tensor out = at::empty_like(qc);
   Tensor lse = at::empty({q.size(1), q.size(0)}, qc.options().dtype(at::kFloat));
@@ -46,7 +57,8 @@ std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, cons
   check_launch(fastenc_cuda::attention_fwd(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), out.data_ptr(),
                                            cu.data_ptr<int32_t>(), q.size(0), cu.numel() - 1, q.size(1), q.size(2),
                                            max_seqlen, window_left, window_right, static_cast<float>(scale), dt,
-                                           c10::cuda::getCurrentCUDAStream(), lse.data_ptr<float>()),
+                                           c10::cuda::getCurrentCUDAStream(), lse.data_ptr<float>(),
+                                           bias ? bc.data_ptr<float>() : nullptr, bias ? bc.size(1) : 0),
                "attention");
   return {out, lse};
 }
@@ -54,5 +66,10 @@ std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, cons
 }  // namespace
 
 FASTENC_BINDINGS(attention_cuda) {
-  m.def("attention_cuda", &attention_cuda, "varlen bidirectional attention, FlashAttention-2 on tensor cores");
+  namespace py = pybind11;
+  m.def("attention_cuda", &attention_cuda,
+        "varlen bidirectional attention, FlashAttention-2 on tensor cores (optional distance bias lookup)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("window_left"),
+        py::arg("window_right"), py::arg("scale"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0,
+        py::arg("offset") = 0, py::arg("bias") = py::none());
 }

@@ -25,6 +25,8 @@ struct Params {
   float scale_log2;             // softmax scale * log2(e): scores live in the exp2 domain
   int total;                    // rows of q, k, v, out: a sequence reaching outside [0, total] is skipped
   float* lse;                   // (heads, total_tokens) fp32 natural log-sum-exp per row, or null
+  const float* bias;            // distance bias lookup (heads, bias_len = 2L - 1) fp32, or null:
+  int bias_len;                 //   s_ij += bias[head, i - j + L - 1] (an index outside the lookup adds nothing)
 };
 
 // Shared memory: Q tile, then K[2], V[2] tiles; rows padded by 8 elements (16 bytes) so the 8 row addresses
@@ -138,6 +140,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   const T* vg = static_cast<const T*>(p.v) + off;
   T* og = static_cast<T*>(p.out) + off;
   const int wl = p.window_left, wr = p.window_right;
+  const float* bias_h = p.bias != nullptr ? p.bias + static_cast<int64_t>(head) * p.bias_len : nullptr;
+  const int bias_mid = (p.bias_len - 1) / 2;
 
   // Keys any row of this tile can see: [n_lo, n_hi) (non-empty: it contains m0).
   const int m_last = min(m0 + kBlockM, len) - 1;
@@ -199,14 +203,19 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
     const int n0 = nb * kBlockN;
     const bool need_mask = n0 + kBlockN > len || (wl >= 0 && n0 < m0 + kBlockM - 1 - wl) ||
                            (wr >= 0 && n0 + kBlockN - 1 > m0 + wr);
+    // Distance bias (log2 units): bias[i - j + L - 1] read through the read-only cache, bounds-checked per element.
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[j][e] * p.scale_log2;
+        const int key = n0 + j * 8 + 2 * t + (e & 1);
+        const int row = m0 + warp * 16 + g + (e >> 1) * 8;
+        if (bias_h != nullptr) {
+          const int bi = row - key + bias_mid;
+          if (bi >= 0 && bi < p.bias_len) x += __ldg(bias_h + bi) * 1.4426950408889634f;
+        }
         if (need_mask) {
-          const int key = n0 + j * 8 + 2 * t + (e & 1);
-          const int row = m0 + warp * 16 + g + (e >> 1) * 8;
           const bool ok = key < len && (wl < 0 || key >= row - wl) && (wr < 0 || key <= row + wr);
           if (!ok) x = -INFINITY;
         }

@@ -11,6 +11,8 @@
 // broadcast against registers of the other). Working memory per thread: Q^T block, K, V, S tiles, O block.
 // Dropout (p > 0, keep-mask Z of attention_dropout.h): l sums the undropped P, the product takes P * Z, and
 //   out_i = O_i / l_i / (1 - p)     i.e.  out = (softmax * Z / (1 - p)) V.
+// Distance bias (relative-position buckets / ALiBi as a per-distance lookup b of 2 L - 1 entries per head):
+//   S_ji += b[i - j + L - 1] * log2 e   on the tile, before the window mask; never a (seq x seq) buffer.
 #include "attention.h"
 #include "attention_dropout.h"
 #include "attention_simd.h"
@@ -79,10 +81,21 @@ inline void key_range(int64_t a, int64_t b, int64_t len, int64_t wl, int64_t wr,
 
 }  // namespace
 
+int64_t bias_reach(int64_t bias_len, int64_t longest, const char* op) {
+  if (bias_len <= 0 || bias_len % 2 == 0)
+    throw std::invalid_argument(std::string(op) + ": the distance bias must have 2 L - 1 (odd) columns, got " +
+                                std::to_string(bias_len));
+  const int64_t reach = (bias_len + 1) / 2;
+  if (longest > reach)
+    throw std::invalid_argument(std::string(op) + ": the distance bias covers sequences up to " +
+                                std::to_string(reach) + " tokens, cu_seqlens has one of " + std::to_string(longest));
+  return reach;
+}
+
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
                    float scale, int num_threads, float* lse, double dropout_p, int64_t seed, int64_t offset,
-                   int64_t ld_in) {
+                   int64_t ld_in, const float* bias, int64_t bias_len) {
   const Dropout drop(dropout_p, seed, offset);
   // ld: the row stride of out; ldi: of q, k and v (their rows may sit inside a wider buffer, e.g. one QKV GEMM's)
   const int64_t H = heads, D = head_dim, ld = H * D, ldi = ld_in > 0 ? ld_in : ld;
@@ -101,6 +114,10 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
                                   std::to_string(b) + "] = " + std::to_string(cu[b]));
     if (b > 0) longest = std::max(longest, cu[b] - cu[b - 1]);
   }
+  // The bias lookup in log2 units, checked against the lengths just read (its index i - j + reach - 1 stays inside).
+  const int64_t reach = bias != nullptr ? bias_reach(bias_len, longest, "attention (cpu)") : 0;
+  std::vector<float> bias2(bias != nullptr ? H * bias_len : 0);
+  for (int64_t e = 0; e < (int64_t)bias2.size(); ++e) bias2[e] = bias[e] * LOG2E;
   // A window side >= the longest sequence bounds nothing (and i + right can no longer overflow).
   const int64_t wl = window_left >= longest ? -1 : window_left;
   const int64_t wr = window_right >= longest ? -1 : window_right;
@@ -211,6 +228,10 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
 
           // S^T = K Q^T (log2 units): one row per key, one lane per query.
           product<false>({kp, D, 1, w.qt, PW, D, w.st, bm, nullptr, PW * D}, nk, qcols);
+          // Distance bias: row j (key j0 + j) of S^T gets b[i0 + r - j0 - j + reach - 1] on lanes r < rows.
+          if (reach > 0)
+            for (int64_t j = 0; j < nk; ++j)
+              add_row(w.st + j * bm, bias2.data() + h * bias_len + (i0 - j0 - j) + reach - 1, rows);
 
           // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
           const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);

@@ -14,10 +14,13 @@ namespace fastenc_cpu {
 // dropout_p > 0: the normalized probabilities are multiplied by the keep-mask of (seed, offset) / (1 - dropout_p)
 // (attention_dropout.h); lse stays that of the undropped scores. ld_in > 0: the row stride (elements) of q, k and v,
 // whose rows may lie inside a wider buffer (out's stride is heads * head_dim); 0: heads * head_dim.
+// bias (may be null): a distance bias lookup (heads, bias_len) fp32 contiguous, bias_len = 2 L - 1 odd: the score of
+// query i and key j of one sequence gets + bias[h * bias_len + i - j + L - 1]; a sequence longer than L throws
+// std::invalid_argument before any row is touched.
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
                    float scale, int num_threads, float* lse = nullptr, double dropout_p = 0.0, int64_t seed = 0,
-                   int64_t offset = 0, int64_t ld_in = 0);
+                   int64_t offset = 0, int64_t ld_in = 0, const float* bias = nullptr, int64_t bias_len = 0);
 
 // Backward of attention_fwd (FlashAttention-2's): from grad = dL/dout, out and the forward's lse, writes dq, dk, dv
 // (all (total_tokens, heads, head_dim) fp32; every element written). Same layout, window and threading as
@@ -25,11 +28,17 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
 // offset: the forward's (the keep-mask is regenerated). dq null: dq is not computed (nor its product); dk and dv
 // null together: neither is (nor the dK and dV products). Row strides (elements; 0: heads * head_dim): ld_in of q,
 // k and v, ld_dout of dq, dk and dv (e.g. the column blocks of one (tokens, 3 * hidden) QKV buffer and of its
-// gradient); grad and out are contiguous.
+// gradient); grad and out are contiguous. bias, bias_len: the forward's distance lookup (null: none); dbias (may be
+// null; (heads, bias_len) fp32, every element written): the sum of dS over the (i, j) pairs at each distance, per
+// head, accumulated per (sequence, head) and reduced in sequence order (the same bits for any thread count).
 void attention_bwd(const float* grad, const float* q, const float* k, const float* v, const float* out,
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
                    int num_threads, double dropout_p = 0.0, int64_t seed = 0, int64_t offset = 0, int64_t ld_in = 0,
-                   int64_t ld_dout = 0);
+                   int64_t ld_dout = 0, const float* bias = nullptr, int64_t bias_len = 0, float* dbias = nullptr);
+
+// The distance bias lookup's reach: L for a (heads, bias_len = 2 L - 1) lookup; throws std::invalid_argument when
+// bias_len is not odd and positive or when `longest` > L (op names the caller).
+int64_t bias_reach(int64_t bias_len, int64_t longest, const char* op);
 
 }  // namespace fastenc_cpu

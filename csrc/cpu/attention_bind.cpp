@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "attention.h"
 #include "tensor_utils.h"
@@ -13,6 +14,15 @@
 namespace {
 
 using namespace fastenc_torch;
+
+// The distance bias lookup: (heads, 2 L - 1) fp32 on the CPU, made contiguous; the kernels check L against the
+// lengths they read from cu_seqlens.
+Tensor check_bias(const Tensor& bias, int64_t heads, const char* op) {
+  check_cpu(bias, "bias");
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.dim() == 2 && bias.size(0) == heads && bias.size(1) % 2 == 1,
+              op, ": bias must be float32 (heads=", heads, ", 2 L - 1), got ", bias.scalar_type(), " ", bias.sizes());
+  return bias.contiguous();
+}
 
 // fp32 q, k, v with one row stride, heads head_dim apart and unit element stride (e.g. column blocks of one QKV
 // GEMM's (tokens, 3 * hidden) output): the kernels read them in place with that row stride.
@@ -28,7 +38,7 @@ bool qkv_in_place(const Tensor& q, const Tensor& k, const Tensor& v) {
 // dropout_p > 0: attention-probability dropout with the keep-mask of (seed, offset) (csrc/cpu/attention_dropout.h).
 std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                                      int64_t max_seqlen, int64_t window_left, int64_t window_right, double scale,
-                                     double dropout_p, int64_t seed, int64_t offset) {
+                                     double dropout_p, int64_t seed, int64_t offset, const OptTensor& bias) {
   check_cpu(q, "q");
   check_cpu(k, "k");
   check_cpu(v, "v");
@@ -49,6 +59,7 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
     TORCH_CHECK(c[b + 1] >= c[b], "attention: cu_seqlens must be non-decreasing");
   // q, k, v are read in place when qkv_in_place holds; anything else is copied to contiguous fp32 first.
   const int64_t H = q.size(1), D = q.size(2);
+  const Tensor bc = bias ? check_bias(*bias, H, "attention") : Tensor();
   const bool in_place = qkv_in_place(q, k, v);
   Tensor qf = in_place ? q : f32(q), kf = in_place ? k : f32(k), vf = in_place ? v : f32(v);
   Tensor out = cpu_empty({total, H, D}, qf.options());
@@ -57,7 +68,8 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
     fastenc_cpu::attention_fwd(qf.data_ptr<float>(), kf.data_ptr<float>(), vf.data_ptr<float>(),
                                out.data_ptr<float>(), c, batch, H, D, window_left, window_right,
                                (float)scale, at::get_num_threads(), lse.data_ptr<float>(), dropout_p, seed, offset,
-                               in_place ? q.stride(0) : 0);
+                               in_place ? q.stride(0) : 0, bias ? bc.data_ptr<float>() : nullptr,
+                               bias ? bc.size(1) : 0);
   } else {
     out.zero_();
     lse.fill_(INFINITY);
@@ -71,12 +83,14 @@ std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Ten
 // the forward's. need_dq / need_dkdv false: that gradient is not computed and comes back empty (numel 0).
 // q, k, v are read in place when qkv_in_place holds (else copied to contiguous fp32). grad_qkv (fp32, (total_tokens,
 // 3 * heads * head_dim), unit column stride): dq, dk, dv are written into its three column blocks (a gradient not
-// needed: its block is zeroed) and come back as views of it; q must then be fp32.
-std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
+// needed: its block is zeroed) and come back as views of it; q must then be fp32. bias (the forward's distance
+// lookup, (heads, 2 L - 1) fp32): a fourth result, its gradient dbias of the same shape (fp32).
+std::vector<Tensor> attention_bwd(const Tensor& grad, const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
                                                  int64_t max_seqlen, int64_t window_left, int64_t window_right,
                                                  double scale, double dropout_p, int64_t seed, int64_t offset,
-                                                 bool need_dq, bool need_dkdv, const OptTensor& grad_qkv) {
+                                                 bool need_dq, bool need_dkdv, const OptTensor& grad_qkv,
+                                                 const OptTensor& bias) {
   const std::pair<const Tensor*, const char*> args[] = {{&grad, "grad"}, {&q, "q"},     {&k, "k"},
                                                         {&v, "v"},       {&out, "out"}, {&lse, "lse"},
                                                         {&cu_seqlens, "cu_seqlens"}};
@@ -110,6 +124,8 @@ std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tenso
   TORCH_CHECK(c[0] == 0 && c[batch] == total, "attention_bwd: cu_seqlens must run from 0 to total_tokens=", total);
   for (int64_t b = 0; b < batch; ++b)
     TORCH_CHECK(c[b + 1] >= c[b], "attention_bwd: cu_seqlens must be non-decreasing");
+  const Tensor bc = bias ? check_bias(*bias, heads, "attention_bwd") : Tensor();
+  Tensor dbias = bias ? at::zeros(bc.sizes(), bc.options()) : Tensor();
   const bool in_place = qkv_in_place(q, k, v);
   Tensor gf = f32(grad), of = f32(out), lf = lse.contiguous();
   Tensor qf = in_place ? q : f32(q), kf = in_place ? k : f32(k), vf = in_place ? v : f32(v);
@@ -127,13 +143,14 @@ std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tenso
   }
   const int64_t ldd = grad_qkv ? grad_qkv->stride(0) : 0;
   if (total > 0 && heads > 0 && D > 0) {
-    if (need_dq || need_dkdv)
+    if (need_dq || need_dkdv || bias)
       fastenc_cpu::attention_bwd(gf.data_ptr<float>(), qf.data_ptr<float>(), kf.data_ptr<float>(),
                                  vf.data_ptr<float>(), of.data_ptr<float>(), lf.data_ptr<float>(),
                                  need_dq ? dq.data_ptr<float>() : nullptr, need_dkdv ? dk.data_ptr<float>() : nullptr,
                                  need_dkdv ? dv.data_ptr<float>() : nullptr, c, batch, heads, D, window_left,
                                  window_right, (float)scale, at::get_num_threads(), dropout_p, seed, offset,
-                                 in_place ? q.stride(0) : 0, ldd);
+                                 in_place ? q.stride(0) : 0, ldd, bias ? bc.data_ptr<float>() : nullptr,
+                                 bias ? bc.size(1) : 0, bias ? dbias.data_ptr<float>() : nullptr);
   } else if (!grad_qkv) {
     dq.zero_();
     dk.zero_();
@@ -142,8 +159,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_bwd(const Tensor& grad, const Tenso
     grad_qkv->zero_();
   }
   (void)max_seqlen;
-  if (grad_qkv) return {dq, dk, dv};
-  return {dq.to(q.scalar_type()), dk.to(q.scalar_type()), dv.to(q.scalar_type())};
+  std::vector<Tensor> res = grad_qkv ? std::vector<Tensor>{dq, dk, dv}
+                                     : std::vector<Tensor>{dq.to(q.scalar_type()), dk.to(q.scalar_type()),
+                                                           dv.to(q.scalar_type())};
+  if (bias) res.push_back(dbias);
+  return res;
 }
 
 }  // namespace
@@ -152,10 +172,11 @@ FASTENC_BINDINGS(attention) {
   m.def("attention", &attention, "varlen bidirectional attention (online softmax, window, dropout), fp32 math -> (out, lse)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("window_left"),
         py::arg("window_right"), py::arg("scale"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0,
-        py::arg("offset") = 0);
+        py::arg("offset") = 0, py::arg("bias") = py::none());
   m.def("attention_bwd", &attention_bwd, "backward of attention from out and lse: (dq, dk, dv), fp32 math",
         py::arg("grad"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"),
         py::arg("cu_seqlens"), py::arg("max_seqlen"), py::arg("window_left"), py::arg("window_right"),
         py::arg("scale"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0, py::arg("offset") = 0,
-        py::arg("need_dq") = true, py::arg("need_dkdv") = true, py::arg("grad_qkv") = py::none());
+        py::arg("need_dq") = true, py::arg("need_dkdv") = true, py::arg("grad_qkv") = py::none(),
+        py::arg("bias") = py::none());
 }

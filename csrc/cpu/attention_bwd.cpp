@@ -19,6 +19,10 @@
 //   dV_j += sum_i Pd^T_ji dO_i;   dS^T = P^T * (dP^T * Z/(1-p) - D) = Pd^T * dP^T - P^T * D
 // (D = rowsum(dO * O) is unchanged: sum_j P_ij dP_ij Z_ij/(1-p) = dO_i . O_i). Gradients not asked for skip their
 // products: no dq: the dQ product; no dk, dv: the dV and dK products.
+// Distance bias (lookup b, 2 L - 1 entries per head): S^T_ji += b[i - j + L - 1] log2 e before the mask, as the
+// forward; its gradient db[d] = sum_{i - j = d} dS_ij is accumulated per item (sequence, head) into that item's own
+// slice (2 len - 1 entries: no sharing between threads) and the slices are summed in sequence order at the end, so
+// the result does not depend on the thread count or the schedule.
 #include "attention.h"
 #include "attention_dropout.h"
 #include "attention_simd.h"
@@ -91,7 +95,7 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
                    int num_threads, double dropout_p, int64_t seed, int64_t offset, int64_t ld_in,
-                   int64_t ld_dout) {
+                   int64_t ld_dout, const float* bias, int64_t bias_len, float* dbias) {
   const Dropout drop(dropout_p, seed, offset);
   const bool need_dq = dq != nullptr, need_dkdv = dk != nullptr && dv != nullptr;
   // ld: the row stride of grad and out; ldi: of q, k, v; ldd: of dq, dk, dv (rows inside wider buffers, e.g. one
@@ -117,6 +121,19 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       seqs.push_back(b);
       max_lanes = std::max(max_lanes, (len_of(b) + PW - 1) / PW * PW);
     }
+  // The bias lookup in log2 units, checked against the lengths (its index i - j + reach - 1 stays inside), and the
+  // per-(sequence, head) gradient slices: item (b, h) owns part[h * nparts + poff[b] : + 2 len_b - 1].
+  int64_t longest = 0;
+  for (int64_t b : seqs) longest = std::max(longest, len_of(b));
+  const int64_t reach = bias != nullptr ? bias_reach(bias_len, longest, "attention_bwd (cpu)") : 0;
+  std::vector<float> bias2(bias != nullptr ? H * bias_len : 0);
+  for (int64_t e = 0; e < (int64_t)bias2.size(); ++e) bias2[e] = bias[e] * LOG2E;
+  const bool need_db = bias != nullptr && dbias != nullptr;
+  std::vector<int64_t> poff(batch, 0);
+  int64_t nparts = 0;
+  for (int64_t b : seqs) poff[b] = nparts, nparts += 2 * len_of(b) - 1;
+  std::vector<float> part(need_db ? H * nparts : 0);
+  if (dbias != nullptr) std::fill(dbias, dbias + H * bias_len, 0.f);
   std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
   const int64_t n_items = (int64_t)seqs.size() * H;
   if (n_items == 0) return;
@@ -137,6 +154,9 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       const int64_t b = seqs[it / H], h = it % H;
       const int64_t start = cu_seqlens[b], len = len_of(b);
       const int64_t lanes = (len + PW - 1) / PW * PW;
+      float* db = need_db ? part.data() + h * nparts + poff[b] : nullptr;  // this item's slice, index i - j + len - 1
+      if (db != nullptr) std::fill(db, db + 2 * len - 1, 0.f);
+      const float* b2 = reach > 0 ? bias2.data() + h * bias_len + reach - 1 : nullptr;  // index i - j
       const int64_t off = start * ld + h * D, offi = start * ldi + h * D, offd = start * ldd + h * D;
 
       // Per item: Q^T (scaled to log2 units) and dO^T panels, Q and dO rows, lse2, D = rowsum(dO * O).
@@ -181,6 +201,8 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
 
           // S^T = K Q^T (log2 units), masked to -inf outside query i's window, then P^T = 2^(S^T - lse2).
           product<false>({w.kp, Dp, 1, qtp, PW, D, w.st, BM, nullptr, PW * D}, nk, qcols);
+          if (b2 != nullptr)  // row j (key j0 + j) gets b[i0 + r - j0 - j] on lanes r < rows
+            for (int64_t j = 0; j < nk; ++j) add_row(w.st + j * BM, b2 + (i0 - j0 - j), rows);
           const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);
           if (masked) {
             for (int64_t j = 0; j < nk; ++j) {
@@ -231,6 +253,9 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
               }
             }
           }
+          // dbias[i - j] += dS^T_ji over the block's rows (lanes >= rows are past the sequence).
+          if (db != nullptr)
+            for (int64_t j = 0; j < nk; ++j) add_row(db + (i0 - j0 - j) + len - 1, w.dst + j * BM, rows);
           // dK += dS^T Q;  dQ[i0 : i0 + rows] += dS K (one row per query).
           if (need_dkdv)
             product<true>({w.dst, BM, 1, w.qr + i0 * Dp, Dp, rows, w.dka, Dp, w.ones, 0}, nk, Dp / VW);
@@ -253,6 +278,13 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
     }
   }
   cache_free(mem);
+  // dbias: the items' slices summed in sequence order (fixed, whatever thread ran which item).
+  if (need_db)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = len_of(b);
+        if (len > 0) add_row(dbias + h * bias_len + reach - len, part.data() + h * nparts + poff[b], 2 * len - 1);
+      }
 }
 
 }  // namespace fastenc_cpu

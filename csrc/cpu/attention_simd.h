@@ -145,6 +145,14 @@ inline void copy_row(float* __restrict dst, const float* __restrict src, int64_t
   for (; i < n; ++i) dst[i] = src[i];
 }
 
+// dst[0:n] += src[0:n] in whole registers and a scalar tail (the distance bias on a row of S^T, its gradient's
+// accumulation).
+inline void add_row(float* __restrict dst, const float* __restrict src, int64_t n) {
+  int64_t i = 0;
+  for (; i + VW <= n; i += VW) vstore(dst + i, vload(dst + i) + vload(src + i));
+  for (; i < n; ++i) dst[i] += src[i];
+}
+
 // Prefetch `rows` rows of n floats, ld apart, into L2.
 inline void prefetch_rows(const float* p, int64_t ld, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r)

@@ -61,11 +61,34 @@ def dropout_args(dropout_p: float, seed: int, offset: int) -> tuple[int, int, fl
 
 
 @triton.jit
+def _distance_bias(BIAS, bias_len, h, dist):
+    # BIAS[h, dist + L - 1] * log2(e) for bias_len = 2L - 1 (fp32); indices outside [0, bias_len) read 0.
+    idx = dist + (bias_len - 1) // 2
+    ok = (idx >= 0) & (idx < bias_len)
+    return tl.load(BIAS + h.to(tl.int64) * bias_len + idx, mask=ok, other=0.0) * 1.4426950408889634
+
+
+def check_bias(bias: torch.Tensor | None, heads: int, max_seqlen: int, device) -> tuple[torch.Tensor | None, int]:
+    """(the lookup contiguous, bias_len) or (None, 1); ValueError unless it is fp32 (heads, 2L - 1) with
+    L >= max_seqlen on q's device."""
+    if bias is None:
+        return None, 1
+    if (bias.dim() != 2 or bias.shape[0] != heads or bias.shape[1] % 2 == 0 or bias.dtype != torch.float32
+            or bias.device != device):
+        raise ValueError(f"attention (triton): bias must be float32 (heads={heads}, 2L - 1) on {device}, got "
+                         f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
+    if (bias.shape[1] + 1) // 2 < max_seqlen:
+        raise ValueError(f"attention (triton): the distance bias covers sequences up to {(bias.shape[1] + 1) // 2} "
+                         f"tokens, max_seqlen is {max_seqlen}")
+    return bias.contiguous(), bias.shape[1]
+
+
+@triton.jit
 def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride_h, window_left, window_right,
-                          qk_scale, drop_key, drop_thr, drop_scale,
+                          qk_scale, drop_key, drop_thr, drop_scale, BIAS, bias_len,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                          DROPOUT: tl.constexpr):
+                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
     # Program (query tile m, sequence b) on grid axis 0 = m_blocks * batch (sequence-major, as the CUDA kernel:
     # grid y and z stop at 65,535), head h on axis 1. Base-2 online softmax over key tiles j, with
     # s = q.k * scale * log2(e) (so e^(scale q.k) = 2^s):
@@ -79,6 +102,8 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
     # DROPOUT (keep-mask Z of fastenc/reference/attention_dropout.py, from the row keys of the tile's queries and
     # the key columns): l sums the undropped p, acc takes p * Z, and out = acc / l * drop_scale (= 1/(1-p)), i.e.
     # out = (softmax * Z / (1-p)) V; lse is the undropped one.
+    # HAS_BIAS (a distance bias lookup BIAS (heads, bias_len = 2L - 1) fp32): s_ij += BIAS[h, i - j + L - 1] * log2(e)
+    # before the mask; an index outside the lookup reads nothing (the launcher checks L >= the longest sequence).
     pid = tl.program_id(0)
     b = pid // m_blocks
     pid_m = pid - b * m_blocks
@@ -123,6 +148,8 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
         else:
             s = tl.dot(q, kt)
         s = s * qk_scale
+        if HAS_BIAS:
+            s += _distance_bias(BIAS, bias_len, h, offs_m[:, None] - cols[None, :])
         keep = col_ok[None, :]
         if HAS_LEFT:
             keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
@@ -185,7 +212,7 @@ class AttentionConfig:
     num_stages: int
 
 
-def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> AttentionConfig:
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, biased: bool = False) -> AttentionConfig:
     """Analytical choice per head dim and GPU generation (cc = major*10+minor; None = CPU interpreter).
 
     The fp32 accumulator (BLOCK_M x BLOCK_D) and the q tile live in registers: wide heads get shorter query
@@ -195,6 +222,8 @@ def default_config(head_dim: int, dtype: torch.dtype, cc: int | None) -> Attenti
     masked = head_dim != bd  # a live head-dim mask (unaligned rows) costs registers: lighter tiles
     if cc is None:  # interpreter: few large tiles (its cost grows with the number of tile steps)
         return AttentionConfig(64, 64, 4, 1)
+    if biased and dtype != torch.float32 and bd <= 128:  # the bias gather tile: 128 x 64 spilled once windowed
+        return AttentionConfig(128, 32, 8, 2)
     if dtype == torch.float32:  # IEEE fp32 dots: twice the register and shared-memory footprint
         if bd <= 64:  # 64 x 16 key tiles: 64 x 32 spilled 4 B at head dim 32 on sm_80 once the lse store came in
             return AttentionConfig(64, 16, 8, 2)
@@ -272,27 +301,29 @@ def _autotune(key: str, run, head_dim: int, dtype: torch.dtype, cc: int) -> Atte
     return best
 
 
-def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run) -> AttentionConfig:
+def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run, biased: bool = False) -> AttentionConfig:
     d = q.shape[-1]
     if not q.is_cuda:
         return default_config(d, q.dtype, None)
     major, minor = torch.cuda.get_device_capability(q.device)
     cc = major * 10 + minor
     if os.environ.get("FASTENC_AUTOTUNE", "0") in ("", "0"):
-        return default_config(d, q.dtype, cc)
+        return default_config(d, q.dtype, cc, biased)
     key = f"sm{cc}|{str(q.dtype).replace('torch.', '')}|d{d}|s{triton.next_power_of_2(max(max_seqlen, 16))}|w{int(windowed)}"
+    key += "|bias" if biased else ""
     tuned = _load_tuned().get(key)
     return tuned if tuned is not None else _autotune(key, run, d, q.dtype, cc)
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   window_left: int, window_right: int, scale: float, dropout_p: float = 0.0, seed: int = 0,
-                  offset: int = 0, config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  offset: int = 0, bias: torch.Tensor | None = None,
+                  config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
     window -1 = unbounded; dropout_p > 0: attention dropout with the keep-mask of (seed, offset). Returns (out like q, lse (heads, total_tokens) fp32). `config` overrides the
     heuristic / autotuned choice. max_seqlen must be >= every length (it sizes the grid; fastenc.ops.attention
     passes the longest it read). Memory-safe with any cu_seqlens values: the kernel clamps them to
-    [0, total_tokens]."""
+    [0, total_tokens]. bias: a distance lookup (heads, 2L - 1) fp32, L >= max_seqlen (fastenc/ops/attention.py)."""
     total, heads, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
@@ -309,17 +340,19 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
         raise ValueError(f"attention (triton): total_tokens must be <= {bound}, got {total}")
 
     drop = dropout_args(dropout_p, seed, offset)
+    bias, bias_len = check_bias(bias, heads, max_seqlen, q.device)
 
     def run(cfg: AttentionConfig) -> None:
         m_blocks, grid = launch_grid(max_seqlen, total, batch, heads, cfg.block_m)
         _attention_fwd_kernel[grid](
             q, k, v, out, lse, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E, *drop,
+            lse if bias is None else bias, bias_len,
             D=d, BLOCK_D=block_d(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             HAS_LEFT=wl >= 0, HAS_RIGHT=wr >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     with on_device(q):
-        cfg = config or _choose(q, max_seqlen, wl >= 0 or wr >= 0, run)
+        cfg = config or _choose(q, max_seqlen, wl >= 0 or wr >= 0, run, bias is not None)
         run(cfg)
     return out, lse
 
@@ -340,24 +373,28 @@ def compile_specs() -> list[dict]:
              ("fp32", torch.float32, 8, False, 90), ("fp32", torch.float32, 32, False, 80),
              ("fp32", torch.float32, 64, False, 90), ("fp32", torch.float32, 128, False, 80),
              ("fp32", torch.float32, 200, False, 90), ("fp32", torch.float32, 256, False, 90)]
-    cases = [c + (False,) for c in cases] + [  # the dropout variants: ModernBERT's, the widest head, fp32
-        ("bf16", torch.bfloat16, 64, True, 80, True), ("fp16", torch.float16, 256, False, 90, True),
-        ("fp32", torch.float32, 128, False, 80, True)]
-    for tname, dtype, d, windowed, cc, dropout in cases:
-        cfg = default_config(d, dtype, cc)
+    cases = [c + (False, False) for c in cases] + [  # the dropout variants: ModernBERT's, the widest head, fp32
+        ("bf16", torch.bfloat16, 64, True, 80, True, False), ("fp16", torch.float16, 256, False, 90, True, False),
+        ("fp32", torch.float32, 128, False, 80, True, False)] + [  # the distance bias (MPNet: d64; windowed)
+        ("fp16", torch.float16, 64, False, 90, False, True), ("bf16", torch.bfloat16, 64, True, 90, False, True),
+        ("fp32", torch.float32, 64, False, 80, False, True)]
+    for tname, dtype, d, windowed, cc, dropout, biased in cases:
+        cfg = default_config(d, dtype, cc, biased)
         ptr = "*" + tname
         specs.append({
-            "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}_cfg{cc}",
+            "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}"
+                    f"{'_bias' if biased else ''}_cfg{cc}",
             "fn": _attention_fwd_kernel,
             "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "LSE": "*fp32", "CU": "*i32", "total": "i32",
                           "m_blocks": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
                           "window_right": "i32", "qk_scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
-                          "drop_scale": "fp32", "D": "constexpr", "BLOCK_D": "constexpr", "BLOCK_M": "constexpr",
-                          "BLOCK_N": "constexpr", "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr",
-                          "IEEE": "constexpr", "DROPOUT": "constexpr"},
+                          "drop_scale": "fp32", "BIAS": "*fp32", "bias_len": "i32", "D": "constexpr",
+                          "BLOCK_D": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                          "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr", "IEEE": "constexpr",
+                          "DROPOUT": "constexpr", "HAS_BIAS": "constexpr"},
             "constexprs": {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m,
                            "BLOCK_N": cfg.block_n, "HAS_LEFT": windowed, "HAS_RIGHT": windowed,
-                           "IEEE": dtype == torch.float32, "DROPOUT": dropout},
+                           "IEEE": dtype == torch.float32, "DROPOUT": dropout, "HAS_BIAS": biased},
             "divisible_by_16": ["stride_t", "stride_h"] if d % 16 == 0 else [],
             "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages,

@@ -14,6 +14,9 @@ Layout: grad, q, k, v, out, dq, dk, dv (total_tokens, heads, head_dim); lse, D (
 Dropout (DROPOUT, keep-mask Z regenerated from the forward's seed and offset, fastenc/kernels/attention.py), with
 Pd = P * Z / (1-p):  dV += Pd^T dO;  dS = P * (dP * Z/(1-p) - D) = Pd * dP - P * D  (D = rowsum(dO * O) as before).
 A gradient not needed skips its kernel (dQ, or dK/dV).
+A distance bias (HAS_BIAS: lookup BIAS (heads, 2L - 1), fastenc/kernels/attention.py) is added to s in both
+kernels; its gradient dBIAS[h, i - j + L - 1] += dS_ij is accumulated by the dQ kernel (which then always runs) with
+fp32 atomics: not bit-reproducible from run to run on a GPU (the cpu backend's is).
 cu_seqlens is read by the kernels and clamped to [0, total_tokens] where read, so no access leaves the tensors.
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ import triton
 import triton.language as tl
 
 from fastenc.kernels._util import on_device
-from fastenc.kernels.attention import _dropout_keep, _dropout_row_keys, dropout_args
+from fastenc.kernels.attention import _distance_bias, _dropout_keep, _dropout_row_keys, check_bias, dropout_args
 
 LOG2E = 1.4426950408889634
 
@@ -54,10 +57,10 @@ def _attention_bwd_preprocess_kernel(O, DO, DELTA, total, stride_t, stride_h,
 
 @triton.jit
 def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_tiles, stride_t, stride_h, window_left,
-                               window_right, qk_scale, scale, drop_key, drop_thr, drop_scale,
+                               window_right, qk_scale, scale, drop_key, drop_thr, drop_scale, BIAS, bias_len,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                               DROPOUT: tl.constexpr):
+                               DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
     # Program (key tile n, sequence b) on grid axis 0 = n_tiles * batch (grid y/z stop at 65,535), head h on
     # axis 1. In base 2, s = q.k * scale * log2(e), lse2 = lse * log2(e):
     #   for each query tile i of the band (queries i with j - right <= i <= j + left):
@@ -110,12 +113,15 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
             st = tl.dot(k, tl.trans(q), input_precision="ieee")
         else:
             st = tl.dot(k, tl.trans(q))
+        st = st * qk_scale
+        if HAS_BIAS:
+            st += _distance_bias(BIAS, bias_len, h, rows[None, :] - offs_n[:, None])
         keep = col_ok[:, None] & row_ok[None, :]
         if HAS_LEFT:
             keep = keep & (offs_n[:, None] >= rows[None, :] - window_left)
         if HAS_RIGHT:
             keep = keep & (offs_n[:, None] <= rows[None, :] + window_right)
-        pt = tl.where(keep, tl.math.exp2(st * qk_scale - lse2[None, :]), 0.0)  # lse2 = +inf (no key): 0
+        pt = tl.where(keep, tl.math.exp2(st - lse2[None, :]), 0.0)  # lse2 = +inf (no key): 0
         pdt = pt
         if DROPOUT:
             rkeys = _dropout_row_keys(drop_key, h, start + rows)
@@ -140,15 +146,16 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
 
 @triton.jit
 def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, stride_t, stride_h, window_left,
-                             window_right, qk_scale, scale, drop_key, drop_thr, drop_scale,
+                             window_right, qk_scale, scale, drop_key, drop_thr, drop_scale, BIAS, DBIAS, bias_len,
                              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                             DROPOUT: tl.constexpr):
+                             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
     # Program (query tile m, sequence b) on grid axis 0 = n_tiles * batch, head h on axis 1:
     #   for each key tile j of the band (keys j with i - left <= j <= i + right):
     #     P = 2^(s - lse2);  dP = dO V^T;  dS = P * (dP - D);  dQ += dS K
     #   dQ *= scale.
     # DROPOUT: dS = Pd * dP - P * D with Pd = P * Z / (1-p).
+    # HAS_BIAS: s += bias(i - j); dBIAS[h, i - j + L - 1] += dS_ij (fp32 atomics, inside the lookup only).
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_m = pid - b * n_tiles
@@ -195,17 +202,24 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
         else:
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
+        s = s * qk_scale
+        if HAS_BIAS:
+            s += _distance_bias(BIAS, bias_len, h, offs_m[:, None] - cols[None, :])
         keep = row_ok[:, None] & col_ok[None, :]
         if HAS_LEFT:
             keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
         if HAS_RIGHT:
             keep = keep & (cols[None, :] <= offs_m[:, None] + window_right)
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse2[:, None]), 0.0)
+        p = tl.where(keep, tl.math.exp2(s - lse2[:, None]), 0.0)
         if DROPOUT:
             pd = tl.where(_dropout_keep(rkeys[:, None], cols[None, :], drop_thr), p * drop_scale, 0.0)
             ds = pd * dp - p * delta[:, None]
         else:
             ds = p * (dp - delta[:, None])
+        if HAS_BIAS:
+            bidx = offs_m[:, None] - cols[None, :] + (bias_len - 1) // 2
+            tl.atomic_add(DBIAS + h.to(tl.int64) * bias_len + bidx, ds,
+                          mask=keep & (bidx >= 0) & (bidx < bias_len))
         if IEEE:
             dq += tl.dot(ds, k, input_precision="ieee")
         else:
@@ -228,16 +242,22 @@ def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False) -> AttentionBwdConfig:
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False,
+                   biased: bool = False) -> AttentionBwdConfig:
     """Analytical choice per head dim (cc = major*10+minor; None = CPU interpreter). dK and dV (or dQ) accumulate
     in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills. The
     dropout hash's temporaries (per tile element) take registers too: fp16/bf16 head dims 72..128 go to 64 x 32
-    tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80)."""
+    tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80).
+    The distance bias's gather and atomics (biased) in fp32: 16 x 16 tiles over 4 warps up to head dim 64, the
+    dropout path's 16 x 32 up to 128 (32 x 32 x 8 warps, 16 x 32 and 32 x 16 x 4 warps each spilled 4-8 B in the
+    dQ kernel at head dim 64 on sm_80)."""
     bd = block_d(head_dim)
     if cc is None:  # interpreter: few large tiles
         return AttentionBwdConfig(64, 64, 4, 1)
     if dtype == torch.float32:  # IEEE fp32 dots (no tensor-core path): small tiles over 8 warps
-        if dropout and 64 < bd <= 128:  # 8 warps spilled 8 B at head dim 128 on sm_80 with dropout
+        if biased and bd <= 64:
+            return AttentionBwdConfig(16, 16, 4, 1)
+        if (dropout or biased) and 64 < bd <= 128:  # 8 warps spilled 8 B at head dim 128 on sm_80 with dropout
             return AttentionBwdConfig(16, 32, 4, 1)
         return AttentionBwdConfig(32, 32, 8, 1) if bd <= 64 else AttentionBwdConfig(16, 32, 8, 1)
     if dropout and bd > 64:
@@ -252,31 +272,37 @@ def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: b
 def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int, window_right: int,
                   scale: float, dropout_p: float = 0.0, seed: int = 0, offset: int = 0, need_dq: bool = True,
-                  need_dkdv: bool = True, config: AttentionBwdConfig | None = None):
+                  need_dkdv: bool = True, bias: torch.Tensor | None = None, config: AttentionBwdConfig | None = None):
     """grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; lse: (heads, total_tokens)
     fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded; dropout_p, seed, offset: the
     forward's. Returns (dq, dk, dv) like q; one not needed (need_dq / need_dkdv false) is empty and its kernel
-    does not run."""
+    does not run. bias: the forward's distance lookup (heads, 2L - 1) fp32, L >= max_seqlen: then
+    (dq, dk, dv, dbias), dbias like bias (the dQ kernel runs whatever need_dq says)."""
     total, heads, d = q.shape
-    dq = torch.empty_like(q) if need_dq else q.new_empty(0)
+    bias, bias_len = check_bias(bias, heads, max_seqlen, q.device)
+    dbias = None if bias is None else torch.zeros_like(bias)
+    run_dq = need_dq or bias is not None
+    dq = torch.empty_like(q) if run_dq else q.new_empty(0)
     dk = torch.empty_like(k) if need_dkdv else q.new_empty(0)
     dv = torch.empty_like(v) if need_dkdv else q.new_empty(0)
     batch = cu_seqlens.numel() - 1
     if total == 0 or batch == 0 or heads == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return _result(dq.zero_(), dk.zero_(), dv.zero_(), dbias, need_dq)
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
     lse = lse.contiguous()
     delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     bd = block_d(d)
-    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0)
+    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0, bias is not None)
     common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
                   HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if heads > 65535:
         raise ValueError(f"attention backward (triton): heads must be <= 65535 (grid axis 1), got {heads}")
     rest = (heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E, scale,
             *dropout_args(dropout_p, seed, offset))
+    b_ptr = delta if bias is None else bias  # (not read without HAS_BIAS)
+    db_ptr = delta if dbias is None else dbias
     seq = max(min(max_seqlen, total), 1)
     n_kv, n_q = triton.cdiv(seq, cfg.block_n), triton.cdiv(seq, cfg.block_m)
     with on_device(q):
@@ -284,11 +310,16 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
             out, grad, delta, total, heads * d, d, D=d, BLOCK_D=bd, BLOCK_T=64)
         if need_dkdv:
             _attention_bwd_dkdv_kernel[(n_kv * batch, heads)](
-                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, **common)
-        if need_dq:
+                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, b_ptr, bias_len, **common)
+        if run_dq:
             _attention_bwd_dq_kernel[(n_q * batch, heads)](
-                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, **common)
-    return dq, dk, dv
+                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, b_ptr, db_ptr, bias_len, **common)
+    return _result(dq, dk, dv, dbias, need_dq)
+
+
+def _result(dq, dk, dv, dbias, need_dq):
+    dq = dq if need_dq else dq.new_empty(0)
+    return (dq, dk, dv) if dbias is None else (dq, dk, dv, dbias)
 
 
 def _cc(t: torch.Tensor) -> int:
@@ -306,29 +337,35 @@ def compile_specs() -> list[dict]:
              ("fp32", torch.float32, 64, False, False), ("fp32", torch.float32, 128, True, False),
              ("bf16", torch.bfloat16, 64, False, True), ("fp16", torch.float16, 128, True, True),
              ("bf16", torch.bfloat16, 256, False, True), ("fp32", torch.float32, 128, False, True)]
+    cases = [c + (False,) for c in cases] + [  # the distance bias (MPNet's d64; windowed with dropout; fp32)
+        ("fp16", torch.float16, 64, False, False, True), ("bf16", torch.bfloat16, 64, True, True, True),
+        ("fp32", torch.float32, 64, False, False, True)]
     for cc in (90,):  # default_config does not depend on the GPU generation (yet): one config per case
-        for tname, dtype, d, windowed, dropout in cases:
-            cfg = default_config(d, dtype, cc, dropout)
+        for tname, dtype, d, windowed, dropout, biased in cases:
+            cfg = default_config(d, dtype, cc, dropout, biased)
             ptr = "*" + tname
             ints = {"total": "i32", "n_tiles": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
                     "window_right": "i32", "qk_scale": "fp32", "scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
                     "drop_scale": "fp32"}
             consts = {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                       "HAS_LEFT": windowed, "HAS_RIGHT": windowed, "IEEE": dtype == torch.float32,
-                      "DROPOUT": dropout}
-            tag = f"{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}_cfg{cc}"
+                      "DROPOUT": dropout, "HAS_BIAS": biased}
+            tag = (f"{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}"
+                   f"{'_bias' if biased else ''}_cfg{cc}")
             launch = {"divisible_by_16": ["stride_t", "stride_h"], "num_warps": cfg.num_warps,
                       "num_stages": cfg.num_stages}
             sig_c = {k: "constexpr" for k in consts}
             specs.append({"name": f"attention_bwd_dkdv_{tag}", "fn": _attention_bwd_dkdv_kernel,
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
-                                        "DK": ptr, "DV": ptr, "CU": "*i32", **ints, **sig_c},
+                                        "DK": ptr, "DV": ptr, "CU": "*i32", **ints, "BIAS": "*fp32",
+                                        "bias_len": "i32", **sig_c},
                           "constexprs": consts, **launch})
             specs.append({"name": f"attention_bwd_dq_{tag}", "fn": _attention_bwd_dq_kernel,
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
-                                        "DQ": ptr, "CU": "*i32", **ints, **sig_c},
+                                        "DQ": ptr, "CU": "*i32", **ints, "BIAS": "*fp32", "DBIAS": "*fp32",
+                                        "bias_len": "i32", **sig_c},
                           "constexprs": consts, **launch})
-            if not windowed and not dropout:
+            if not windowed and not dropout and not biased:
                 specs.append({"name": f"attention_bwd_preprocess_{tname}_d{d}_cfg{cc}",
                               "fn": _attention_bwd_preprocess_kernel,
                               "signature": {"O": ptr, "DO": ptr, "DELTA": "*fp32", "total": "i32",

@@ -11,6 +11,10 @@ With dropout, or when only some gradients are needed, a backend gets five more a
 (the forward's dropout_p, seed, offset: the keep-mask is regenerated, never stored); a gradient not needed comes
 back as an empty tensor and its work is skipped where the kernels allow (dq: the Triton dQ kernel, the CPU
 kernel's dQ product; dk and dv: the Triton dK/dV kernel, the CPU kernel's dK and dV products).
+With a distance bias (the forward's (heads, 2L - 1) lookup, fastenc/ops/attention.py) the backward is the op
+fastenc::attention_bwd_bias, whose backends are called
+  fn(..., scale, dropout_p, seed, offset, need_dq, need_dkdv, bias=bias) -> (dq, dk, dv, dbias)
+dbias: (heads, 2L - 1) fp32, the sum of dS over the (i, j) pairs at each distance i - j, per head.
 """
 from __future__ import annotations
 
@@ -26,11 +30,11 @@ OP_BWD = "attention_bwd"
 
 
 def _reference(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p=0.0,
-               seed=0, offset=0, need_dq=True, need_dkdv=True):
-    dq, dk, dv = attention_bwd_varlen_ref(grad, q, k, v, out, lse, cu_seqlens, (window_left, window_right), scale,
-                                          dropout_p=dropout_p, seed=seed, offset=offset)
+               seed=0, offset=0, need_dq=True, need_dkdv=True, bias=None):
+    dq, dk, dv, *dbias = attention_bwd_varlen_ref(grad, q, k, v, out, lse, cu_seqlens, (window_left, window_right),
+                                                  scale, dropout_p=dropout_p, seed=seed, offset=offset, bias=bias)
     return (dq if need_dq else q.new_empty(0), dk if need_dkdv else q.new_empty(0),
-            dv if need_dkdv else q.new_empty(0))
+            dv if need_dkdv else q.new_empty(0), *dbias)
 
 
 def check_bwd_args(grad, q, k, v, out, lse) -> None:
@@ -71,6 +75,40 @@ def _(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right
             torch.empty_like(v) if need_dkdv else q.new_empty(0))
 
 
+@custom_op("fastenc::attention_bwd_bias", mutates_args=())
+def _attention_bwd_bias_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int,
+                           window_right: int, scale: float, backend: str, dropout_p: float, seed: int, offset: int,
+                           need_dq: bool, need_dkdv: bool,
+                           bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward with a distance bias: (dq, dk, dv, dbias); dbias (heads, 2L - 1) fp32 like bias."""
+    check_bwd_args(grad, q, k, v, out, lse)
+    if bias.dim() != 2 or bias.shape[0] != q.shape[1] or bias.shape[1] % 2 == 0 or bias.dtype != torch.float32:
+        raise ValueError(f"{OP_BWD}: bias must be float32 (heads={q.shape[1]}, 2L - 1), got {_dt(bias.dtype)} "
+                         f"{tuple(bias.shape)}")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"{OP_BWD}: dropout_p must be in [0, 1), got {dropout_p!r}")
+    fn = registry.impl(OP_BWD, backend).fn
+    dq, dk, dv, dbias = fn(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale,
+                           dropout_p, seed, offset, need_dq, need_dkdv, bias=bias)
+    return dq, dk, dv, dbias
+
+
+@_attention_bwd_bias_op.register_fake
+def _(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, backend, dropout_p, seed,
+      offset, need_dq, need_dkdv, bias):
+    return (torch.empty_like(q) if need_dq else q.new_empty(0), torch.empty_like(k) if need_dkdv else q.new_empty(0),
+            torch.empty_like(v) if need_dkdv else q.new_empty(0), torch.empty_like(bias))
+
+
+def no_bias(inputs) -> list[str]:
+    """The reason a backend without the distance bias (relative_bias / alibi_slopes) gives when one is given: a
+    backend that does not serve the bias adds this to its check, so the dispatcher never drops the bias."""
+    if inputs.get("bias") is not None:
+        return ["a distance bias (relative_bias / alibi_slopes) is not supported"]
+    return []
+
+
 def _head_dim(inputs) -> int:
     return int(inputs["q"].shape[-1])
 
@@ -93,8 +131,8 @@ def contiguous_args(n: int):
     """wrap= of a backend whose kernel assumes contiguous tensors: its first n arguments are made contiguous (a copy
     only where one is not)."""
     def wrap(fn):
-        def call(*args):
-            return fn(*(a.contiguous() for a in args[:n]), *args[n:])
+        def call(*args, **kwargs):
+            return fn(*(a.contiguous() for a in args[:n]), *args[n:], **kwargs)
         call.__name__ = getattr(fn, "__name__", "contiguous")
         return call
     return wrap
@@ -120,16 +158,18 @@ _backends.implement(OP_BWD, "cuda", "attention_bwd", dtypes=(torch.float16, torc
                       "multiple of 8 <= 256")
 
 
-def _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p=0.0) -> dict:
+def _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p=0.0, bias=None) -> dict:
     return {"grad": grad, "q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
-            "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}
+            "window": (wl, wr), "scale": scale, "dropout_p": dropout_p, "bias": bias}
 
 
 def setup_context(ctx, inputs, output):
-    """Saves q, k, v, out, lse, cu_seqlens; with dropout only (seed, offset) besides (never the mask)."""
-    q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, *drop = inputs
+    """Saves q, k, v, out, lse, cu_seqlens (and the distance bias lookup); with dropout only (seed, offset) besides
+    (never the mask)."""
+    q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, *rest = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    drop, bias = rest[:3], (rest[3] if len(rest) > 3 else None)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, bias)
     ctx.mark_non_differentiable(lse)
     ctx.args = (max_seqlen, wl, wr, scale, backend)
     ctx.dropout = tuple(drop) + (0.0, 0, 0)[len(drop):]  # (dropout_p, seed, offset)
@@ -140,9 +180,10 @@ def backward(ctx, grad, _grad_lse):
     ignored). Inputs that need no gradient get None; nothing is computed when none does."""
     need = ctx.needs_input_grad[:3]
     nones = (None,) * (len(ctx.needs_input_grad) - 3)
-    if not any(need):
+    need_bias = len(ctx.needs_input_grad) > 12 and ctx.needs_input_grad[12]
+    if not any(need) and not need_bias:
         return (None, None, None) + nones
-    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens, bias = ctx.saved_tensors
     max_seqlen, wl, wr, scale, backend = ctx.args
     if tuple(grad.shape) != tuple(out.shape) or grad.dtype != out.dtype:
         raise ValueError(f"attention backward: grad must be {_dt(out.dtype)} of shape {tuple(out.shape)}, got "
@@ -150,7 +191,13 @@ def backward(ctx, grad, _grad_lse):
     grad = grad.contiguous()
     dropout_p, seed, offset = ctx.dropout
     impl = registry.select_backward(OP_BWD, _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale,
-                                                        dropout_p), backend)
+                                                        dropout_p, bias), backend)
+    if bias is not None:
+        dq, dk, dv, dbias = _attention_bwd_bias_op(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, wl, wr, scale,
+                                                   impl.backend, dropout_p, seed, offset, need[0], need[1] or need[2],
+                                                   bias)
+        grads = (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + nones
+        return grads[:12] + (dbias if need_bias else None,) + grads[13:]
     if dropout_p > 0 or not all(need):
         dq, dk, dv = _attention_bwd_op(grad, q, k, v, out, lse, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend,
                                        dropout_p, seed, offset, need[0], need[1] or need[2])

@@ -10,6 +10,13 @@ With attention dropout (dropout_p > 0) a backend is called with three more argum
 and applies the keep-mask of fastenc/reference/attention_dropout.py (a pure function of seed, offset and the
 element's counters) to the normalized probabilities, scaling kept ones by 1/(1-p); lse is unchanged. At
 dropout_p = 0 no backend gets those arguments and no random number is drawn.
+With a distance bias (relative-position buckets and/or ALiBi, fastenc/reference/attention_bias.py) a backend is
+called with one more,
+  fn(..., scale, dropout_p, seed, offset, bias)
+bias: (heads, 2 * L - 1) fp32, L >= the longest sequence, and score(i, j) += bias[h, i - j + L - 1] for query i
+and key j of one sequence (positions within the sequence). The lookup is built per call from the caller's table
+or slopes (O(L) memory; no backend materializes a (seq, seq) tensor except the reference); its gradient flows
+back to the table / slopes through torch's autograd of that lookup. A backend without the bias declares it.
 The backward (fastenc::attention_bwd, one Impl per backend) recomputes the probabilities tile by tile from lse
 (and the keep-mask from seed and offset).
 Strides: q, k, v may be views with a row stride (e.g. the column blocks of one QKV GEMM's (tokens, 3 * hidden)
@@ -37,30 +44,37 @@ from fastenc.ops._attention_bwd import (  # also registers attention_bwd
 from fastenc.ops._library import custom_op
 from fastenc.padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
+from fastenc.reference.attention_bias import distance_bias
 from fastenc.reference.attention_bwd import attention_lse_varlen_ref
 
 OP = "attention"
 OP_BWD = "attention_bwd"
 
 
-def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p=0.0, seed=0, offset=0):
+def _reference(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p=0.0, seed=0, offset=0,
+               bias=None):
     window = (window_left, window_right)
-    out = attention_varlen_ref(q, k, v, cu_seqlens, window, scale, dropout_p=dropout_p, seed=seed, offset=offset)
-    return out, attention_lse_varlen_ref(q, k, cu_seqlens, window, scale).float()
+    out = attention_varlen_ref(q, k, v, cu_seqlens, window, scale, dropout_p=dropout_p, seed=seed, offset=offset,
+                               bias=bias)
+    return out, attention_lse_varlen_ref(q, k, cu_seqlens, window, scale, bias).float()
 
 
 @custom_op("fastenc::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   window_left: int, window_right: int, scale: float, backend: str, dropout_p: float = 0.0,
-                  seed: int = 0, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                  seed: int = 0, offset: int = 0,
+                  bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     fn = registry.impl(OP, backend).fn
+    if bias is not None:
+        return fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p, seed, offset, bias)
     if dropout_p > 0:
         return fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p, seed, offset)
     return fn(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
 
 
 @_attention_op.register_fake
-def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend, dropout_p=0.0, seed=0, offset=0):
+def _(q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale, backend, dropout_p=0.0, seed=0, offset=0,
+      bias=None):
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -70,10 +84,10 @@ _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attenti
 
 _backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
                     wrap=contiguous_args(3),
-                    limits="head_dim multiple of 8 <= 256; contiguous q, k, v (copied if not); CUDA, CPU tensors "
+                    limits="head_dim multiple of 8 <= 256; distance bias; contiguous q, k, v (copied if not); CUDA, CPU tensors "
                         "under TRITON_INTERPRET=1")
 _backends.implement(OP, "cpu", "attention", check=_cpu_check,
-                    limits="head_dim <= 256, fp32 math; fp32 q, k, v read in place with one row stride")
+                    limits="head_dim <= 256, fp32 math; distance bias; fp32 q, k, v read in place with one row stride")
 
 
 def _cuda_check(inputs) -> list[str]:
@@ -83,7 +97,7 @@ def _cuda_check(inputs) -> list[str]:
 
 
 _backends.implement(OP, "cuda", "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; contiguous q, k, v (copied if not); "
+                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; distance bias; contiguous q, k, v (copied if not); "
                                                "FlashAttention-2 on tensor cores (sm_80+)")
 
 
@@ -117,6 +131,36 @@ def _window(window) -> tuple[int, int]:
     return int(left), int(right)
 
 
+def check_distance_bias(q, relative_bias, relative_max_distance, alibi_slopes, op: str = OP) -> bool:
+    """Validates the distance-bias arguments against q (..., heads, head_dim); True when a bias is given."""
+    heads = q.shape[-2] if q.dim() >= 2 else -1
+    if relative_bias is not None:
+        if not isinstance(relative_bias, torch.Tensor) or relative_bias.dtype != torch.float32:
+            raise TypeError(f"{op}: relative_bias must be a float32 tensor, got "
+                            f"{getattr(relative_bias, 'dtype', type(relative_bias).__name__)}")
+        if relative_bias.dim() != 2 or relative_bias.shape[1] != heads:
+            raise ValueError(f"{op}: relative_bias must be (num_buckets, heads={heads}), got "
+                             f"{tuple(relative_bias.shape)}")
+        nb = relative_bias.shape[0]
+        if nb < 4 or nb % 2:
+            raise ValueError(f"{op}: relative_bias must have an even number of buckets >= 4, got {nb}")
+        if isinstance(relative_max_distance, bool) or not isinstance(relative_max_distance, int) \
+                or relative_max_distance <= nb // 4:
+            raise ValueError(f"{op}: relative_max_distance must be an int > num_buckets // 4 = {nb // 4}, got "
+                             f"{relative_max_distance!r}")
+        if relative_bias.device != q.device:
+            raise ValueError(f"{op}: relative_bias must be on {q.device}, got {relative_bias.device}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"{op}: alibi_slopes must be a float32 tensor, got "
+                            f"{getattr(alibi_slopes, 'dtype', type(alibi_slopes).__name__)}")
+        if alibi_slopes.dim() != 1 or alibi_slopes.shape[0] != heads:
+            raise ValueError(f"{op}: alibi_slopes must be (heads={heads},), got {tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"{op}: alibi_slopes must be on {q.device}, got {alibi_slopes.device}")
+    return relative_bias is not None or alibi_slopes is not None
+
+
 def _max_seqlen(max_seqlen) -> int | None:
     """The caller's bound on the longest sequence as an int (None: none given); check_cu_seqlens compares it."""
     if max_seqlen is None:
@@ -133,7 +177,8 @@ def _max_seqlen(max_seqlen) -> int | None:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None,
               cu_seqlens: torch.Tensor | None = None, max_seqlen: int | None = None, window=None,
               scale: float | None = None, dropout_p: float = 0.0, generator: torch.Generator | None = None,
-              backend: str | None = None) -> torch.Tensor:
+              relative_bias: torch.Tensor | None = None, relative_max_distance: int = 128,
+              alibi_slopes: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
     """Non-causal attention: every query sees every key of its own sequence (within `window`, if given).
 
     Padded:  q, k, v (batch, seq, heads, head_dim); key_padding_mask (batch, seq) bool, True = real token.
@@ -148,6 +193,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
              `generator` (default: torch's default CPU generator whatever q's device, so no device
              synchronization) and of each element's position (fastenc/reference/attention_dropout.py); the
              backward regenerates it. 0: no dropout, nothing drawn.
+    relative_bias: (num_buckets, heads) fp32, a bucketed relative-position table (trainable: it gets a gradient):
+             score(i, j) += relative_bias[bucket(j - i), h] with T5's bidirectional log buckets exactly as
+             transformers' MPNet (relative_position = key position - query position; num_buckets even >= 4,
+             half of them for each direction, exact below num_buckets // 4, logarithmic up to
+             relative_max_distance). MPNet: 32 buckets, relative_max_distance 128.
+    alibi_slopes: (heads,) fp32 (trainable too): score(i, j) -= alibi_slopes[h] * |i - j|.
+             Either or both (summed). Positions are those within each sequence (packed) or padded positions
+             (padded; with key_padding_mask each row must mark one contiguous run of real tokens, as a window).
+             Added to the scaled scores: softmax(scale * q.k + bias). The kernels read a per-distance lookup
+             (heads, 2 * max_seqlen - 1) built per call, never a (seq, seq) tensor.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(name, OP, t)
@@ -169,6 +224,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         raise ValueError(f"{OP}: scale must be a finite float, got {scale!r}")
     if key_padding_mask is not None and cu_seqlens is not None:
         raise ValueError(f"{OP}: give key_padding_mask (padded layout) or cu_seqlens (packed layout), not both")
+    biased = check_distance_bias(q, relative_bias, relative_max_distance, alibi_slopes)
+
+    def lut(n):
+        return distance_bias(n, relative_bias, relative_max_distance, alibi_slopes) if biased else None
 
     if cu_seqlens is not None:
         if q.dim() != 3:
@@ -177,7 +236,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         cu = check_cu_seqlens(cu_seqlens, q.shape[0], q.device, max_seqlen=_max_seqlen(max_seqlen))
         longest = max(b - a for a, b in zip(cu, cu[1:]))
         # The kernels get the longest length read now (it sizes their grids), not the caller's bound.
-        return _run(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p, generator)
+        return _run(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p, generator, lut(longest))
 
     if q.dim() != 4:
         raise ValueError(f"{OP}: q must be (batch, seq, heads, head_dim), or packed (total_tokens, heads, head_dim) "
@@ -190,7 +249,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
     if key_padding_mask is None:
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
         out = _run(q.reshape(b * s, h, d), k.reshape(b * s, h, d), v.reshape(b * s, h, d), cu, s, wl, wr,
-                   float(scale), backend, p, generator)
+                   float(scale), backend, p, generator, lut(s))
         return out.view(q.shape)
     if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
         raise TypeError(f"{OP}: key_padding_mask must be a bool tensor, got "
@@ -199,25 +258,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, key_padding_
         raise ValueError(f"{OP}: key_padding_mask must have shape (batch, seq)={(b, s)}, got {tuple(key_padding_mask.shape)}")
     if key_padding_mask.device != q.device:
         raise ValueError(f"{OP}: key_padding_mask must be on {q.device}, got {key_padding_mask.device}")
-    if wl >= 0 or wr >= 0:
-        # Window distances are padded positions; unpadding preserves them only for contiguous real tokens.
+    if wl >= 0 or wr >= 0 or biased:
+        # Window and bias distances are padded positions; unpadding preserves them only for contiguous real tokens.
         m = key_padding_mask.to(torch.int8)
         starts = (m[:, 1:] > m[:, :-1]).sum(1) + m[:, 0]
         if bool((starts > 1).any()):
-            raise ValueError(f"{OP}: with a window, each row of key_padding_mask must mark one contiguous run of real tokens")
+            raise ValueError(f"{OP}: with a window or a distance bias (relative_bias, alibi_slopes), each row of "
+                             "key_padding_mask must mark one contiguous run of real tokens")
     idx, cu, longest = unpad_input(key_padding_mask)
     qp, kp, vp = (t.reshape(b * s, h, d).index_select(0, idx) for t in (q, k, v))
     out = _run(qp.contiguous(), kp.contiguous(), vp.contiguous(), cu, max(longest, 1), wl, wr, float(scale), backend,
-               p, generator)
+               p, generator, lut(max(longest, 1)))
     return pad_input(out, idx, b, s)
 
 
-def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0, generator=None):
+def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0, generator=None, bias=None):
     """max_seqlen: the longest sequence. dropout_p > 0: (seed, offset) are drawn here, once the backends are
-    chosen."""
+    chosen. bias: the (heads, 2 * max_seqlen - 1) distance lookup or None."""
     if q.numel() == 0:
         return q.new_zeros(q.shape)
-    impl, wl, wr = select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p)
+    impl, wl, wr = select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p, bias)
+    if bias is not None:
+        seed, offset = draw_seed_offset(generator) if dropout_p > 0 else (0, 0)
+        return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend, dropout_p, seed, offset,
+                             bias)[0]
     if dropout_p > 0:
         seed, offset = draw_seed_offset(generator)
         return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend, dropout_p, seed,
@@ -225,7 +289,7 @@ def _run(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p=0.0,
     return _attention_op(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, impl.backend)[0]
 
 
-def select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p):
+def select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p, bias=None):
     """(forward Impl, wl, wr): the backend for these inputs (q, k, v of any strides: each backend gets what it
     accepts); when they need a gradient the backward's is chosen too, so an unservable backward fails before the
     forward runs. A window side >= the longest sequence becomes -1 (so no kernel ever computes i + 2**63 - 1)."""
@@ -235,9 +299,9 @@ def select(q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, backend, dropout_p):
     wl = -1 if wl >= bound else wl
     wr = -1 if wr >= bound else wr
     inputs = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen,
-              "window": (wl, wr), "scale": scale, "dropout_p": dropout_p}
+              "window": (wl, wr), "scale": scale, "dropout_p": dropout_p, "bias": bias}
     impl = registry.select(OP, inputs, backend)
-    if needs_grad(q, k, v):
-        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p),
-                                 impl.backend)
+    if needs_grad(q, k, v) or (bias is not None and bias.requires_grad):
+        registry.select_backward(OP_BWD, _bwd_inputs(q, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p,
+                                                     bias), impl.backend)
     return impl, wl, wr

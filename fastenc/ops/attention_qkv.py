@@ -6,7 +6,9 @@ GEMM writes it. q, k and v are its three column blocks (views with row stride 3 
 them in place, and the backward writes dq, dk, dv into the column blocks of one (total_tokens, 3 * hidden)
 gradient (no copies of q, k, v, no concatenation of their gradients). Backends that need contiguous tensors get
 copies (fastenc/ops/attention.py), and their three gradients are concatenated. The math, the dropout keep-mask
-and the backend choice are those of fastenc.ops.attention (the same registry entries, forward and backward).
+and the backend choice are those of fastenc.ops.attention (the same registry entries, forward and backward). A distance bias (relative_bias / alibi_slopes, as
+fastenc.ops.attention) goes to the kernels as the same per-distance lookup; its backward is
+fastenc::attention_qkv_bwd_bias (-> d qkv and the lookup's gradient).
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import math
 import torch
 
 from fastenc import registry
-from fastenc.ops._attention_bwd import OP_BWD, WRITES_GRAD_QKV, _attention_bwd_op, check_bwd_args
+from fastenc.ops._attention_bwd import OP_BWD, WRITES_GRAD_QKV, check_bwd_args
 from fastenc.ops._common import check_cu_seqlens, check_float, draw_seed_offset
 from fastenc.ops._library import custom_op
-from fastenc.ops.attention import OP, _check_generator, _dropout_p, _max_seqlen, _window, select
+from fastenc.ops.attention import (OP, _check_generator, _dropout_p, _max_seqlen, _window, check_distance_bias,
+                                   select)
+from fastenc.reference.attention_bias import distance_bias
 from fastenc.registry import _dt
 
 NAME = "attention_qkv"
@@ -40,18 +44,21 @@ def _split(qkv: torch.Tensor, heads: int):
 @custom_op("fastenc::attention_qkv", mutates_args=())
 def _attention_qkv_op(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int,
                       window_right: int, scale: float, heads: int, backend: str, dropout_p: float = 0.0,
-                      seed: int = 0, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                      seed: int = 0, offset: int = 0,
+                      bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _split(qkv, heads)
     fn = registry.impl(OP, backend).fn
     args = (q, k, v, cu_seqlens, max_seqlen, window_left, window_right, scale)
     with _named("fastenc::attention"):
+        if bias is not None:
+            return fn(*args, dropout_p, seed, offset, bias)
         out, lse = fn(*args, dropout_p, seed, offset) if dropout_p > 0 else fn(*args)
     return out, lse
 
 
 @_attention_qkv_op.register_fake
 def _(qkv, cu_seqlens, max_seqlen, window_left, window_right, scale, heads, backend, dropout_p=0.0, seed=0,
-      offset=0):
+      offset=0, bias=None):
     t, d = qkv.shape[0], qkv.shape[1] // (3 * heads)
     return qkv.new_empty((t, heads, d)), qkv.new_empty((heads, t), dtype=torch.float32)
 
@@ -62,21 +69,45 @@ def _attention_qkv_bwd_op(grad: torch.Tensor, qkv: torch.Tensor, out: torch.Tens
                           heads: int, backend: str, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
                           need_dq: bool = True, need_dkdv: bool = True) -> torch.Tensor:
     """-> d qkv (total_tokens, 3 * hidden) in qkv's dtype; blocks of gradients not needed are zero."""
+    return _qkv_grads(grad, qkv, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, heads, backend,
+                      dropout_p, seed, offset, need_dq, need_dkdv)[0]
+
+
+def _qkv_grads(grad, qkv, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, heads, backend,
+               dropout_p, seed, offset, need_dq, need_dkdv, bias=None):
+    """(d qkv, d bias or None): the backends' backward into one (total_tokens, 3 * hidden) buffer."""
     q, k, v = _split(qkv, heads)
     check_bwd_args(grad, q, k, v, out, lse)
     impl = registry.impl(OP_BWD, backend)
     args = (grad, q, k, v, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, dropout_p, seed,
             offset, need_dq, need_dkdv)
+    kw = {} if bias is None else {"bias": bias}
     if impl in WRITES_GRAD_QKV and qkv.dtype == torch.float32:
         dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
         with _named("fastenc::attention_bwd"):
-            impl.fn(*args, grad_qkv=dqkv)
-        return dqkv
+            res = impl.fn(*args, grad_qkv=dqkv, **kw)
+        return dqkv, (res[3] if bias is not None else None)
     with _named("fastenc::attention_bwd"):
-        dq, dk, dv = impl.fn(*args)
+        dq, dk, dv, *dbias = impl.fn(*args, **kw)
     zero = torch.zeros_like(q)
     parts = (dq if need_dq else zero, dk if need_dkdv else zero, dv if need_dkdv else zero)
-    return torch.stack(parts, 1).view(qkv.shape)
+    return torch.stack(parts, 1).view(qkv.shape), (dbias[0] if dbias else None)
+
+
+@custom_op("fastenc::attention_qkv_bwd_bias", mutates_args=())
+def _attention_qkv_bwd_bias_op(grad: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                               cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int, window_right: int,
+                               scale: float, heads: int, backend: str, dropout_p: float, seed: int, offset: int,
+                               bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (d qkv (total_tokens, 3 * hidden) in qkv's dtype, d bias (heads, 2L - 1) fp32)."""
+    return _qkv_grads(grad, qkv, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, heads, backend,
+                      dropout_p, seed, offset, True, True, bias)
+
+
+@_attention_qkv_bwd_bias_op.register_fake
+def _(grad, qkv, out, lse, cu_seqlens, max_seqlen, window_left, window_right, scale, heads, backend, dropout_p, seed,
+      offset, bias):
+    return torch.empty_like(qkv), torch.empty_like(bias)
 
 
 @_attention_qkv_bwd_op.register_fake
@@ -87,9 +118,10 @@ def _(grad, qkv, out, lse, cu_seqlens, max_seqlen, window_left, window_right, sc
 
 def _setup_context(ctx, inputs, output):
     """Saves qkv, out, lse, cu_seqlens; with dropout only (seed, offset) besides (never the mask)."""
-    qkv, cu_seqlens, max_seqlen, wl, wr, scale, heads, backend, *drop = inputs
+    qkv, cu_seqlens, max_seqlen, wl, wr, scale, heads, backend, *rest = inputs
     out, lse = output
-    ctx.save_for_backward(qkv, out, lse, cu_seqlens)
+    drop, bias = rest[:3], (rest[3] if len(rest) > 3 else None)
+    ctx.save_for_backward(qkv, out, lse, cu_seqlens, bias)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # (no zero gradient is made for lse, nor for an unused out)
     ctx.args = (max_seqlen, wl, wr, scale, heads, backend)
@@ -98,14 +130,20 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad, _grad_lse):
     nones = (None,) * (len(ctx.needs_input_grad) - 1)
-    if not ctx.needs_input_grad[0] or grad is None:
+    need_bias = len(ctx.needs_input_grad) > 11 and ctx.needs_input_grad[11]
+    if not (ctx.needs_input_grad[0] or need_bias) or grad is None:
         return (None,) + nones
-    qkv, out, lse, cu_seqlens = ctx.saved_tensors
+    qkv, out, lse, cu_seqlens, bias = ctx.saved_tensors
     max_seqlen, wl, wr, scale, heads, backend = ctx.args
     if tuple(grad.shape) != tuple(out.shape) or grad.dtype != out.dtype:
         raise ValueError(f"{NAME} backward: grad must be {_dt(out.dtype)} of shape {tuple(out.shape)}, got "
                          f"{_dt(grad.dtype)} {tuple(grad.shape)}")
     dropout_p, seed, offset = ctx.dropout
+    if bias is not None:
+        dqkv, dbias = _attention_qkv_bwd_bias_op(grad.contiguous(), qkv, out, lse, cu_seqlens, max_seqlen, wl, wr,
+                                                 scale, heads, backend, dropout_p, seed, offset, bias)
+        grads = (dqkv if ctx.needs_input_grad[0] else None,) + nones
+        return grads[:11] + (dbias if need_bias else None,) + grads[12:]
     dqkv = _attention_qkv_bwd_op(grad.contiguous(), qkv, out, lse, cu_seqlens, max_seqlen, wl, wr, scale, heads,
                                  backend, dropout_p, seed, offset)
     return (dqkv,) + nones
@@ -116,12 +154,15 @@ _attention_qkv_op.register_autograd(_backward, setup_context=_setup_context)
 
 def attention_qkv(qkv: torch.Tensor, heads: int, *, cu_seqlens: torch.Tensor, max_seqlen: int | None = None,
                   window=None, scale: float | None = None, dropout_p: float = 0.0,
-                  generator: torch.Generator | None = None, backend: str | None = None) -> torch.Tensor:
+                  generator: torch.Generator | None = None, relative_bias: torch.Tensor | None = None,
+                  relative_max_distance: int = 128, alibi_slopes: torch.Tensor | None = None,
+                  backend: str | None = None) -> torch.Tensor:
     """Packed non-causal attention of qkv's three column blocks: the same result (and gradient) as
     fastenc.ops.attention(q, k, v, cu_seqlens=...) with q, k, v = qkv.view(tokens, 3, heads, head_dim).unbind(1).
 
     qkv: (total_tokens, 3 * heads * head_dim) fp32/fp16/bf16, unit column stride (any row stride);
-    heads: int > 0; cu_seqlens int32 (batch+1,). window, scale, dropout_p, generator, backend: as
+    heads: int > 0; cu_seqlens int32 (batch+1,). window, scale, dropout_p, generator, relative_bias,
+    relative_max_distance, alibi_slopes (the distance bias: positions within each sequence), backend: as
     fastenc.ops.attention. Returns (total_tokens, heads, head_dim) in qkv's dtype.
     """
     check_float("qkv", NAME, qkv)
@@ -146,9 +187,15 @@ def attention_qkv(qkv: torch.Tensor, heads: int, *, cu_seqlens: torch.Tensor, ma
     if qkv.numel() == 0:
         return qkv.new_zeros((t, heads, d))
     q, k, v = _split(qkv, heads)
+    lut = None
+    if check_distance_bias(q, relative_bias, relative_max_distance, alibi_slopes, op=NAME):
+        lut = distance_bias(longest, relative_bias, relative_max_distance, alibi_slopes)
     # (select also chooses the backward when qkv needs a gradient)
-    impl, wl, wr = select(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p)
+    impl, wl, wr = select(q, k, v, cu_seqlens, longest, wl, wr, float(scale), backend, p, lut)
     args = (qkv, cu_seqlens, longest, wl, wr, float(scale), heads, impl.backend)
+    if lut is not None:
+        seed, offset = draw_seed_offset(generator) if p > 0 else (0, 0)
+        return _attention_qkv_op(*args, p, seed, offset, lut)[0]
     if p > 0:
         seed, offset = draw_seed_offset(generator)
         return _attention_qkv_op(*args, p, seed, offset)[0]

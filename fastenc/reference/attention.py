@@ -1,12 +1,15 @@
 """Bidirectional (non-causal) attention reference in fp32, materializing scores: the oracle for every kernel.
 
 softmax(q k^T * scale + mask) v per head, where the mask removes keys outside the query's own sequence,
-padded keys, and (with a window (left, right)) keys j outside i-left <= j <= i+right.
+padded keys, and (with a window (left, right)) keys j outside i-left <= j <= i+right. With a distance bias
+(`bias`: the per-distance lookup (heads, 2L - 1) of fastenc/reference/attention_bias.py), scores(i, j) +=
+bias[h, i - j + L - 1] before the mask.
 """
 from __future__ import annotations
 
 import torch
 
+from fastenc.reference.attention_bias import bias_matrix
 from fastenc.reference.attention_dropout import padded_keep_scale, sequence_keep_scale
 
 
@@ -24,7 +27,8 @@ def _band(sq: int, sk: int, left: int, right: int, device) -> torch.Tensor:
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                   window: tuple[int, int] = (-1, -1), scale: float | None = None, upcast: bool = True,
-                  dropout_p: float = 0.0, seed: int = 0, offset: int = 0) -> torch.Tensor:
+                  dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """Padded layout. q, k, v: (batch, seq, heads, head_dim); key_padding_mask: (batch, seq) bool, True = real.
 
     window (left, right), -1 = unbounded. Query rows at padded positions (and rows with no visible key)
@@ -33,11 +37,15 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
     through 0 * NaN (as in SDPA). Math in fp32 when `upcast`, else in q's dtype. Returns q's dtype.
     dropout_p > 0: the probabilities are multiplied by the keep-mask / (1-p) of (seed, offset) with the counter
     layout of fastenc/reference/attention_dropout.py.
+    bias: (heads, 2L - 1) per-distance lookup (L >= seq), indexed by padded positions i - j; added to the scaled
+    scores in the math dtype.
     """
     b, s, h, d = q.shape
     scale = d ** -0.5 if scale is None else scale
     qt, kt, vt = (t.float() if upcast else t for t in (q, k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", qt * scale, kt)
+    if bias is not None:
+        scores = scores + bias_matrix(bias, s, k.shape[1]).to(scores.dtype)[None]
     ok = _band(s, k.shape[1], window[0], window[1], q.device)[None, None]
     if key_padding_mask is not None:
         ok = ok & key_padding_mask[:, None, None, :]
@@ -57,25 +65,28 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding
 def attention_varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                          window: tuple[int, int] = (-1, -1), scale: float | None = None,
                          upcast: bool = True, dropout_p: float = 0.0, seed: int = 0,
-                         offset: int = 0) -> torch.Tensor:
+                         offset: int = 0, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Packed layout. q, k, v: (total_tokens, heads, head_dim); cu_seqlens: int32 (batch+1,). dropout_p, seed,
-    offset: as attention_ref (counters of the packed layout)."""
+    offset: as attention_ref (counters of the packed layout). bias: (heads, 2L - 1) lookup, L >= the longest
+    sequence; distances are positions within each sequence."""
     out = torch.zeros_like(q)
     cu = cu_seqlens.tolist()
     for a, e in zip(cu[:-1], cu[1:]):
         if e > a:
-            out[a:e] = _sequence(q[a:e], k[a:e], v[a:e], a, window, scale, upcast, dropout_p, seed, offset)
+            out[a:e] = _sequence(q[a:e], k[a:e], v[a:e], a, window, scale, upcast, dropout_p, seed, offset, bias)
     return out
 
 
-def _sequence(q, k, v, start, window, scale, upcast, dropout_p, seed, offset):
+def _sequence(q, k, v, start, window, scale, upcast, dropout_p, seed, offset, bias=None):
     """One packed sequence (s, heads, head_dim) starting at token `start`."""
     s, h, d = q.shape
     scale = d ** -0.5 if scale is None else scale
     if dropout_p <= 0:
-        return attention_ref(q[None], k[None], v[None], None, window, scale, upcast)[0]
+        return attention_ref(q[None], k[None], v[None], None, window, scale, upcast, bias=bias)[0]
     qt, kt, vt = (t.float() if upcast else t for t in (q, k, v))
     scores = torch.einsum("qhd,khd->hqk", qt * scale, kt)
+    if bias is not None:
+        scores = scores + bias_matrix(bias, s).to(scores.dtype)
     ok = _band(s, s, window[0], window[1], q.device)[None]
     p = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1).masked_fill(~ok.any(-1, keepdim=True), 0.0)
     p = p * sequence_keep_scale(seed, offset, dropout_p, h, start, s, q.device, p.dtype)

@@ -102,10 +102,13 @@ def opcheck_samples() -> dict[str, list[dict]]:
     return {
         "attention": [
             dict(q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), cu_seqlens=cu_of_lengths(4, 5), max_seqlen=5,
-                 window_left=-1, window_right=-1, scale=0.125, dropout_p=0.0, seed=0, offset=0),
+                 window_left=-1, window_right=-1, scale=0.125, dropout_p=0.0, seed=0, offset=0, bias=None),
             dict(q=r(7, 3, 32, dtype=torch.bfloat16), k=r(7, 3, 32, dtype=torch.bfloat16),
                  v=r(7, 3, 32, dtype=torch.bfloat16), cu_seqlens=cu_of_lengths(7), max_seqlen=7, window_left=2,
-                 window_right=1, scale=32 ** -0.5, dropout_p=0.2, seed=5, offset=7),
+                 window_right=1, scale=32 ** -0.5, dropout_p=0.2, seed=5, offset=7, bias=None),
+            # a distance bias lookup (heads, 2 * 5 - 1), as relative_bias / alibi_slopes become
+            dict(q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), cu_seqlens=cu_of_lengths(4, 5), max_seqlen=5,
+                 window_left=-1, window_right=2, scale=0.125, dropout_p=0.0, seed=0, offset=0, bias=r(2, 9)),
         ],
         "attention_bwd": [
             dict(grad=r(9, 2, 64), q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), out=r(9, 2, 64),
