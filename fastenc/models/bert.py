@@ -30,11 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastenc import extension
-from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation, prepack
+from fastenc.layers import MLP, LayerNorm, Linear, SelfAttention, activation
 from fastenc.layers.dropout import dropout
 from fastenc.layers.embedding import embedding, padding_row
-from fastenc.layers.mlp import _ACTS
 from fastenc.lora import LoraMixin
 from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
@@ -46,9 +44,8 @@ from fastenc.models.columns import column_attention, padded_first_rows, padded_p
 from fastenc.models.config import BertConfig
 from fastenc.padding import gather_rows
 from fastenc.ops.direct import Plan
-from fastenc.quant.isa import isa
+from fastenc.models.bert_direct import _GELU, direct_block, direct_linears
 
-_GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not None}  # HF name -> fastenc's
 
 
 class BertEmbeddings(nn.Module):
@@ -121,54 +118,11 @@ class BertLayer(nn.Module):
         token, then Wo, the norms and the MLP at those rows only -> (n, hidden). plan: the forward's
         fastenc.ops.direct.Plan (its cpu kernels called directly) or None (the public ops)."""
         if rows is None:
-            lins = None if plan is None or plan.record else self._direct_linears(x)
+            lins = None if plan is None or plan.record else direct_linears(self, x)
             if lins is not None:
-                return self._direct_block(x, plan, lins)
+                return direct_block(self, x, plan, lins)
             return self.finish(self.attn.attend(x, cu_seqlens, max_seqlen, plan=plan), x, plan)
         return self.finish(self.attn.attend_rows(x, cu_seqlens, max_seqlen, rows), gather_rows(x, rows))
-
-    def _direct_linears(self, x: torch.Tensor):
-        """(Wqkv, Wo, fc1, fc2) when each runs straight from a Plan's block (_direct_block): int8, or fp32 on the
-        panel GEMM (prepack.use_panels, asked once for the block); else None."""
-        mods, attn = self._modules, self._modules["attn"]._modules
-        if _GELU[mods["mlp"].act] not in ("none", "tanh"):  # (the GEMM epilogues' GELUs; quick is not one)
-            return None
-        mlp = mods["mlp"]._modules
-        lins = (attn["Wqkv"], attn["Wo"], mlp["fc1"], mlp["fc2"])
-        panels = None
-        for m in lins:
-            if m.int8 is None:
-                if panels is None:
-                    panels = prepack.use_panels(x, m.weight)
-                if not panels or m.weight.dtype != torch.float32 or m.weight.device.type != "cpu":
-                    return None
-        return lins
-
-    def _direct_block(self, x: torch.Tensor, plan: Plan, lins) -> torch.Tensor:
-        """forward(x, plan=plan) with the four Linears `lins` (_direct_linears): the same kernels in the same order
-        as attend() + finish(), each called once, straight (at 16 tokens the layers' Python between the kernels
-        is as long as the kernels)."""
-        mods = self._modules
-        attn = mods["attn"]
-        wqkv, wo, fc1, fc2 = lins
-        ext, t = plan.ext, x.shape[0]
-        path = isa() if any(m.int8 is not None for m in lins) else ""
-
-        def gemm(m, a, bias, out, accumulate, gelu=None):
-            if m.int8 is not None:
-                return m.int8.direct(ext, m.weight, a, bias, out, accumulate, gelu, path)
-            return ext.gemm_packed(a, m._packed(m.weight, panels=True)[0], m.out_features, bias, out, accumulate,
-                                   gelu)
-
-        qkv = gemm(wqkv, x, wqkv.bias, None if wqkv.int8 is not None else
-                   extension.buffer_empty((t, wqkv.out_features), x), False)
-        q, k, v = qkv.view(t, 3, attn.heads, attn.head_dim).unbind(1)
-        o = plan.attention(q, k, v, attn.window).view(t, attn.hidden)
-        gemm(wo, o, None, x, True)  # x += o @ Wo.T
-        x = plan.layer_norm(mods["attn_norm"], x, None, wo.bias)
-        h = gemm(fc1, x, fc1.bias, extension.buffer_empty((t, fc1.out_features), x), False, _GELU[mods["mlp"].act])
-        gemm(fc2, h, None, x, True)  # x += h @ fc2.T
-        return plan.layer_norm(mods["mlp_norm"], x, None, fc2.bias)
 
     def dropouts(self) -> tuple[float, float]:
         """The dropout on the attention output and on the MLP output (0 in eval mode)."""

@@ -139,7 +139,7 @@ def test_a_weight_changed_after_quantization_is_requantized():
 @pytest.mark.parametrize("int8", [True, False], ids=["int8", "fp32"])
 def test_the_direct_block_equals_the_layer_by_layer_path(monkeypatch, int8):
     """BERT's blocks under an inference Plan, their Linears int8 or on the fp32 panel GEMM, run as one straight
-    sequence of kernel calls (BertLayer._direct_block): the same kernels in the same order as attend() + finish(),
+    sequence of kernel calls (fastenc.models.bert_direct): the same kernels in the same order as attend() + finish(),
     so the same bits; under the profiler (ops recorded by name) and with a block the direct form does not serve,
     the layer-by-layer path."""
     from fastenc.models import bert
@@ -150,9 +150,9 @@ def test_the_direct_block_equals_the_layer_by_layer_path(monkeypatch, int8):
     if int8:
         fastenc.quantize(model)
     calls = []
-    block = bert.BertLayer._direct_block
-    monkeypatch.setattr(bert.BertLayer, "_direct_block",
-                        lambda self, x, plan, lins: calls.append(1) or block(self, x, plan, lins))
+    block = bert.direct_block
+    monkeypatch.setattr(bert, "direct_block",
+                        lambda layer, x, plan, lins: calls.append(1) or block(layer, x, plan, lins))
     with torch.inference_mode():
         fast = model(ids, mask)
         assert len(calls) == len(model.layers)
@@ -161,7 +161,7 @@ def test_the_direct_block_equals_the_layer_by_layer_path(monkeypatch, int8):
         assert len(calls) == len(model.layers)
         event = quant.int8.EVENT if int8 else "fastenc::gemm_packed"
         assert any(e.name.startswith(event) for e in prof.events())
-        monkeypatch.setattr(bert.BertLayer, "_direct_linears", lambda self, x: None)
+        monkeypatch.setattr(bert, "direct_linears", lambda layer, x: None)
         slow = model(ids, mask)
     assert len(calls) == len(model.layers)
     assert torch.equal(fast, slow) and torch.equal(profiled, slow)
@@ -170,9 +170,9 @@ def test_the_direct_block_equals_the_layer_by_layer_path(monkeypatch, int8):
         fastenc.quantize(fastenc.dequantize(model), keep=["layers.1.mlp.fc1"])
         with torch.inference_mode():
             x = torch.randn(5, model.config.hidden_size)
-            assert model.layers[1]._direct_linears(x) is not None
+            assert bert.direct_linears(model.layers[1], x) is not None
             mixed = model(ids, mask)
-            monkeypatch.setattr(bert.BertLayer, "_direct_linears", lambda self, x: None)
+            monkeypatch.setattr(bert, "direct_linears", lambda layer, x: None)
             assert torch.equal(mixed, model(ids, mask))
 
 
