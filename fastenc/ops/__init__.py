@@ -2,8 +2,9 @@
 backend's implementation; one module per op declares its custom ops, autograd, inputs' checks and, through
 _backends.implement, each backend's function:
   layer_norm, rms_norm (backward: _norm_bwd), gelu, geglu, swiglu, rope, attention (backward: _attention_bwd),
-  attention_qkv, merge_lora, lora_linear, dropout, int8_linear (inference), sparse_max (SPLADE weights, forward); shared: _common (input checks), _library; direct: the packed
-  GEMM and the per-forward Plan of direct cpu-kernel calls.
+  attention_qkv, merge_lora, lora_linear, dropout, int8_linear (inference), sparse_max (SPLADE weights, forward);
+  shared: _common (input checks), _library; direct: the packed GEMM and the per-forward Plan of direct cpu-kernel
+  calls.
 """
 from fastenc.ops.layer_norm import layer_norm
 from fastenc.ops.rms_norm import rms_norm
@@ -19,5 +20,5 @@ from fastenc.ops.dropout import dropout
 from fastenc.ops.int8_linear import int8_linear
 from fastenc.ops.sparse_max import sparse_max
 
-__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "swiglu", "rope", "rope_cache", "attention", "attention_qkv", "merge_lora", "lora_linear", "dropout",
-           "int8_linear", "sparse_max"]
+__all__ = ["layer_norm", "rms_norm", "gelu", "geglu", "swiglu", "rope", "rope_cache", "attention", "attention_qkv",
+           "merge_lora", "lora_linear", "dropout", "int8_linear", "sparse_max"]
