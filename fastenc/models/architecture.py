@@ -42,6 +42,8 @@ _MODULES = (
     "modernbert",
     "vit",
     "deit",
+    "dinov2",
+    "dinov2_with_registers",
     "distilbert",
     "electra",
     "roberta",

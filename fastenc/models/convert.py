@@ -3,7 +3,10 @@
 A map is a list of entries (fastenc_name, hf_names, kind):
   "copy"  one HF tensor is the fastenc tensor;
   "qkv"   three HF tensors (query, key, value) concatenated on dim 0 into the fused Wqkv (split back by chunk);
-  "patch" the ViT conv weight (hidden, C, p, p) flattened to the patch GEMM's (hidden, C*p*p).
+  "patch" the ViT conv weight (hidden, C, p, p) flattened to the patch GEMM's (hidden, C*p*p);
+  "scale" two HF tensors (a linear's weight (out, in) or bias (out,), and a per-output-channel factor (out,)): the
+          fastenc tensor is their product, factor on the rows (DINOv2's layer scale folded into the projection it
+          follows); the inverse divides the factor back out (the factor has its own "copy" entry).
 Each architecture's map is declared in its own model file (fastenc.models.architecture); `lin` and `qkv` build
 its entries. Legacy checkpoint names (LayerNorm gamma/beta, and each architecture's legacy_names such as ViT's
 encoder.layer.N.attention.attention.query) are renamed to the transformers-5 names by `normalize_hf_names`
@@ -72,9 +75,18 @@ def hf_to_fastenc(entries: Iterable[Entry], hf_state: Mapping[str, torch.Tensor]
             out[fe] = torch.cat(ts, dim=0)
         elif kind == "patch":
             out[fe] = ts[0].reshape(ts[0].shape[0], -1)
+        elif kind == "scale":
+            out[fe] = scaled(hs, ts[0], ts[1])
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
     return out
+
+
+def scaled(hs, t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """t * factor on t's rows: t (out, ...) and factor (out,) (a "scale" entry's two HF tensors, named hs)."""
+    if factor.dim() != 1 or factor.shape[0] != t.shape[0]:
+        raise ValueError(f"weight {hs[1]} must have shape ({t.shape[0]},) to scale {hs[0]}, got {tuple(factor.shape)}")
+    return t * factor.view(-1, *([1] * (t.dim() - 1))).to(t.dtype)
 
 
 def _qkv_part_shape(fe: str, cfg, ts) -> tuple[int, ...]:
@@ -84,9 +96,11 @@ def _qkv_part_shape(fe: str, cfg, ts) -> tuple[int, ...]:
 
 
 def fastenc_to_hf(entries: Iterable[Entry], state: Mapping[str, torch.Tensor], cfg=None) -> dict[str, torch.Tensor]:
-    """The inverse map: fastenc state dict -> HF state dict (Wqkv split in three, patch weight back to conv shape)."""
+    """The inverse map: fastenc state dict -> HF state dict (Wqkv split in three, patch weight back to conv shape,
+    a "scale" entry divided by its factor, which its own "copy" entry writes)."""
     out = {}
-    for fe, hs, kind in entries:
+    entries = list(entries)
+    for fe, hs, kind in sorted(entries, key=lambda e: e[2] == "scale"):  # (the factors first)
         t = state[fe]
         if kind == "copy":
             out[hs[0]] = t
@@ -96,6 +110,8 @@ def fastenc_to_hf(entries: Iterable[Entry], state: Mapping[str, torch.Tensor], c
         elif kind == "patch":
             c, p = cfg.num_channels, cfg.patch_size
             out[hs[0]] = t.reshape(t.shape[0], c, p, p)
+        elif kind == "scale":
+            out[hs[0]] = t / out[hs[1]].view(-1, *([1] * (t.dim() - 1))).to(t.dtype)
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
     return out
