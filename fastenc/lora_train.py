@@ -210,7 +210,7 @@ def _hf_linears(model) -> list[str]:
     table = target_table(model)
     hf_names = {h[:-len(".weight")] for _, hs, _ in architecture.of_model(model).entries(model.config, model.task)
                 for h in hs if h.endswith(".weight")}
-    return sorted(n for n in hf_names if n in table and table[n][2] not in ("patch", "scale")
+    return sorted(n for n in hf_names if n in table and table[n][2] != "patch"
                   and isinstance(model.get_submodule(table[n][0]), Linear))
 
 

@@ -10,7 +10,7 @@ A map is a list of entries (fastenc_name, hf_names, kind):
 Each architecture's map is declared in its own model file (fastenc.models.architecture); `lin` and `qkv` build
 its entries. Legacy checkpoint names (LayerNorm gamma/beta, and each architecture's legacy_names such as ViT's
 encoder.layer.N.attention.attention.query) are renamed to the transformers-5 names by `normalize_hf_names`
-before the map is applied.
+before the map is applied (a rule may also split a stacked tensor, as DINOv2's SwiGLU mlp.weights_in).
 """
 from __future__ import annotations
 
@@ -50,10 +50,23 @@ def normalize_hf_names(arch: str, state: Mapping[str, torch.Tensor]) -> dict[str
     out = {}
     rules = _LEGACY_ANY + list(get(arch).legacy_names)
     for k, v in state.items():
+        items = [(k, v)]
         for pat, rep in rules:
-            k = pat.sub(rep, k)
-        out[k] = v
+            items = [renamed for key, t in items for renamed in _rename(pat, rep, key, t)]
+        out.update(items)
     return out
+
+
+def _rename(pat, rep, key: str, t):
+    """[(name, tensor)] after one legacy rule. A replacement function may return a tuple of names: the tensor is then
+    split in that many equal parts on dim 0, one per name (DINOv2's mlp.weights_in -> gate_proj, up_proj); t may be
+    None (a name alone)."""
+    mt = pat.search(key) if callable(rep) else None
+    new = rep(mt) if mt is not None else None
+    if not isinstance(new, tuple):
+        return [(pat.sub(rep, key), t)]
+    parts = t.chunk(len(new), dim=0) if t is not None else (None,) * len(new)
+    return [(key[:mt.start()] + name + key[mt.end():], part) for name, part in zip(new, parts)]
 
 
 def hf_to_fastenc(entries: Iterable[Entry], hf_state: Mapping[str, torch.Tensor], cfg=None) -> dict[str, torch.Tensor]:

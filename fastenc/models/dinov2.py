@@ -366,14 +366,15 @@ def weight_map(cfg: Dinov2Config, task: str, prefix: str = "") -> list[Entry]:
 
 
 def legacy_names(head: str) -> tuple:
-    """Checkpoints written before transformers 5 (encoder.layer.N.attention.attention.query, attention.output.dense,
-    mlp.weights_out) -> the transformers-5 names. (The older SwiGLU input weight mlp.weights_in, gate and up
-    stacked, is not split: such a checkpoint is refused as missing gate_proj / up_proj.)"""
+    """The checkpoint layout of the original DINOv2 weights, which transformers 5 still writes (its save_pretrained
+    reverses its load-time conversion): encoder.layer.N.attention.attention.query, attention.output.dense,
+    mlp.weights_in (SwiGLU gate and up stacked: split in two), mlp.weights_out -> the transformers-5 names."""
     layer = rf"^((?:{re.escape(head)})?encoder\.layer\.\d+\.)"
     return (
         (re.compile(layer + r"attention\.attention\.(query|key|value)\."),
          lambda mt: f"{mt[1]}attention.{mt[2][0]}_proj."),
         (re.compile(layer + r"attention\.output\.dense\."), lambda mt: f"{mt[1]}attention.o_proj."),
+        (re.compile(layer + r"mlp\.weights_in\."), lambda mt: (f"{mt[1]}mlp.gate_proj.", f"{mt[1]}mlp.up_proj.")),
         (re.compile(layer + r"mlp\.weights_out\."), lambda mt: f"{mt[1]}mlp.down_proj."),
     )
 
