@@ -14,7 +14,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -217,6 +216,10 @@ def _linear_target(model, table, arch: str, peft_name: str, missing: list[str]):
     if kind == "cat":
         raise ValueError(f"load_lora: target module {peft_name!r} is one part of a fused projection in fastenc's "
                          f"{type(model).__name__} (LoRA there is not supported; target the attention projections)")
+    if kind == "scale":
+        raise ValueError(f"load_lora: target module {peft_name!r} is followed by a layer scale that fastenc folds into "
+                         f"its weights ({type(model).__name__}); LoRA on it is not supported: target the attention's "
+                         f"q_proj / k_proj / v_proj or the MLP's first projection(s) instead")
     if kind == "patch" or not isinstance(module, Linear):
         raise ValueError(f"load_lora: target module {peft_name!r} is not a linear layer in fastenc's "
                          f"{type(model).__name__} (LoRA on convolutions, embeddings and norms is not supported)")
@@ -270,7 +273,7 @@ def plan(model, config: dict, state: dict[str, torch.Tensor]) -> tuple[list[Piec
         rows = slice(third * out_rows, (third + 1) * out_rows) if third is not None else slice(0, out_rows)
         pieces.append(Piece(peft_name, fe_name, rows, a, b, float(scale)))
     if missing:
-        known = sorted(k for k, v in table.items() if v[2] != "patch")
+        known = sorted(k for k, v in table.items() if v[2] not in ("patch", "scale"))
         raise ValueError(f"load_lora: target module(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} do not exist "
                          f"in fastenc's {type(model).__name__} ({arch}); an adapter made for another architecture? "
                          f"Linear targets look like {known[:3]}")

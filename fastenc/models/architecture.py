@@ -10,7 +10,8 @@ An Architecture declares:
   config         the fastenc config class: `config.from_dict(hf_config_dict, **override)`
   heads          task -> (fastenc model class, transformers class name); "base" is the bare encoder. Tasks:
                  base, sequence_classification, token_classification, question_answering, masked_lm,
-                 image_classification
+                 image_classification, image_classification_with_teacher (DeiT's distilled head), image_embedding
+                 (a projection of the pooled output, CLIP's image_embeds)
   weight_map     (cfg, task, prefix) -> [(fastenc name, (hf names...), kind)] (see fastenc.models.convert); the
                  same list maps both directions
   head_prefix    the encoder's attribute prefix inside the transformers head classes ("bert.")
@@ -44,6 +45,9 @@ _MODULES = (
     "modernbert",
     "vit",
     "deit",
+    "dinov2",
+    "dinov2_with_registers",
+    "clip_vision",
     "distilbert",
     "electra",
     "roberta",
@@ -56,11 +60,12 @@ _MODULES = (
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
-         "image_classification", "image_classification_with_teacher")
+         "image_classification", "image_classification_with_teacher", "image_embedding")
 # The label arguments each head's forward takes (transformers' names).
 LABEL_ARGS = {"base": (), "sequence_classification": ("labels",), "token_classification": ("labels",),
               "question_answering": ("start_positions", "end_positions"), "masked_lm": ("labels",),
-              "image_classification": ("labels",), "image_classification_with_teacher": ()}
+              "image_classification": ("labels",), "image_classification_with_teacher": (),
+              "image_embedding": ()}
 
 
 @dataclass(frozen=True)

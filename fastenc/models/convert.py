@@ -6,11 +6,15 @@ A map is a list of entries (fastenc_name, hf_names, kind):
   "patch" the ViT conv weight (hidden, C, p, p) flattened to the patch GEMM's (hidden, C*p*p);
   "cat"   several HF tensors of equal shape concatenated on dim 0 (a gated MLP's gate and up projections into one
           [gate | up] Wi, in the order listed), split back in equal row blocks.
+  "scale" two HF tensors (a linear's weight (out, in) or bias (out,), and a per-output-channel factor (out,)): the
+          fastenc tensor is their product, factor on the rows (DINOv2's layer scale folded into the projection it
+          follows); the inverse divides the factor back out (the factor has its own "copy" entry).
 Each architecture's map is declared in its own model file (fastenc.models.architecture); `lin` and `qkv` build
 its entries. Legacy checkpoint names (LayerNorm gamma/beta, and each architecture's legacy_names such as ViT's
 encoder.layer.N.attention.attention.query) are renamed to the transformers-5 names by `normalize_hf_names`
-before the map is applied, and the architecture's legacy_fused tensors (the layout transformers' save_pretrained
-still writes for GTE, NomicBERT and Jina-v3: fused q/k/v, [up | gate]) split into theirs (`unfuse`).
+before the map is applied (a rule may also split a stacked tensor, as DINOv2's SwiGLU mlp.weights_in), and the
+architecture's legacy_fused tensors (the layout transformers' save_pretrained still writes for GTE, NomicBERT and
+Jina-v3: fused q/k/v, [up | gate]) split into theirs (`unfuse`).
 """
 from __future__ import annotations
 
@@ -51,9 +55,10 @@ def normalize_hf_names(arch: str, state: Mapping[str, torch.Tensor]) -> dict[str
     spec = get(arch)
     rules = _LEGACY_ANY + list(spec.legacy_names)
     for k, v in state.items():
+        items = [(k, v)]
         for pat, rep in rules:
-            k = pat.sub(rep, k)
-        out[k] = v
+            items = [renamed for key, t in items for renamed in _rename(pat, rep, key, t)]
+        out.update(items)
     return unfuse(out, spec.legacy_fused) if spec.legacy_fused else out
 
 
@@ -77,6 +82,18 @@ def unfuse(state: Mapping[str, torch.Tensor], rules) -> dict[str, torch.Tensor]:
         else:
             out[k] = v
     return out
+
+
+def _rename(pat, rep, key: str, t):
+    """[(name, tensor)] after one legacy rule. A replacement function may return a tuple of names: the tensor is then
+    split in that many equal parts on dim 0, one per name (DINOv2's mlp.weights_in -> gate_proj, up_proj); t may be
+    None (a name alone)."""
+    mt = pat.search(key) if callable(rep) else None
+    new = rep(mt) if mt is not None else None
+    if not isinstance(new, tuple):
+        return [(pat.sub(rep, key), t)]
+    parts = t.chunk(len(new), dim=0) if t is not None else (None,) * len(new)
+    return [(key[:mt.start()] + name + key[mt.end():], part) for name, part in zip(new, parts)]
 
 
 def hf_to_fastenc(entries: Iterable[Entry], hf_state: Mapping[str, torch.Tensor], cfg=None) -> dict[str, torch.Tensor]:
@@ -103,6 +120,8 @@ def hf_to_fastenc(entries: Iterable[Entry], hf_state: Mapping[str, torch.Tensor]
             if bad:
                 raise ValueError(f"weights {list(hs)} must have one shape {tuple(ts[0].shape)}, got {bad}")
             out[fe] = torch.cat(ts, dim=0)
+        elif kind == "scale":
+            out[fe] = scaled(hs, ts[0], ts[1])
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
     return out
@@ -116,6 +135,13 @@ def cat(fe: str, hf: tuple[str, ...], bias: bool = True) -> list[Entry]:
     return out
 
 
+def scaled(hs, t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """t * factor on t's rows: t (out, ...) and factor (out,) (a "scale" entry's two HF tensors, named hs)."""
+    if factor.dim() != 1 or factor.shape[0] != t.shape[0]:
+        raise ValueError(f"weight {hs[1]} must have shape ({t.shape[0]},) to scale {hs[0]}, got {tuple(factor.shape)}")
+    return t * factor.view(-1, *([1] * (t.dim() - 1))).to(t.dtype)
+
+
 def _qkv_part_shape(fe: str, cfg, ts) -> tuple[int, ...]:
     """The shape each of query, key and value must have: (hidden, hidden) weights, (hidden,) biases."""
     hidden = getattr(cfg, "hidden_size", None) or ts[-1].shape[0]
@@ -123,9 +149,11 @@ def _qkv_part_shape(fe: str, cfg, ts) -> tuple[int, ...]:
 
 
 def fastenc_to_hf(entries: Iterable[Entry], state: Mapping[str, torch.Tensor], cfg=None) -> dict[str, torch.Tensor]:
-    """The inverse map: fastenc state dict -> HF state dict (Wqkv split in three, patch weight back to conv shape)."""
+    """The inverse map: fastenc state dict -> HF state dict (Wqkv split in three, patch weight back to conv shape,
+    a "scale" entry divided by its factor, which its own "copy" entry writes)."""
     out = {}
-    for fe, hs, kind in entries:
+    entries = list(entries)
+    for fe, hs, kind in sorted(entries, key=lambda e: e[2] == "scale"):  # (the factors first)
         t = state[fe]
         if kind == "copy":
             out[hs[0]] = t
@@ -138,6 +166,8 @@ def fastenc_to_hf(entries: Iterable[Entry], state: Mapping[str, torch.Tensor], c
         elif kind == "cat":
             for h, part in zip(hs, t.chunk(len(hs), dim=0)):
                 out[h] = part
+        elif kind == "scale":
+            out[hs[0]] = t / out[hs[1]].view(-1, *([1] * (t.dim() - 1))).to(t.dtype)
         else:
             raise ValueError(f"unknown weight-map kind {kind!r}")
     return out

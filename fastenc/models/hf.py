@@ -37,7 +37,7 @@ import warnings
 import torch
 
 from fastenc.layers.steps import optimizer_steps
-from fastenc.models import architecture, losses
+from fastenc.models import architecture, convert, losses
 from fastenc.models.loading import SUPPORTED, from_hf
 from fastenc.quant import model as quant_model
 
@@ -199,7 +199,9 @@ def _run(self, fe, arch: str, task: str, a: dict):
         if task == "base":
             x, batch = fe(pv, return_packed=True)
             hidden = batch.pad(x)
-            return out_cls(last_hidden_state=hidden, pooler_output=fe.pool(hidden) if fe.pooler is not None else None)
+            pooled = (fe.pooler_output(hidden) if hasattr(fe, "pooler_output")
+                      else fe.pool(hidden) if fe.pooler is not None else None)
+            return out_cls(last_hidden_state=hidden, pooler_output=pooled)
         if labels:
             return fe(pv, **labels, num_items_in_batch=a.get("num_items_in_batch"))
         return _wrap(out_cls, task, getattr(fe, "hf_forward", fe)(pv))
@@ -251,6 +253,8 @@ def _live(self, entries) -> dict:
             out[fe_name] = ts[0]
         elif kind in ("qkv", "cat"):
             out[fe_name] = torch.cat(ts, 0)
+        elif kind == "scale":
+            out[fe_name] = convert.scaled(hs, ts[0], ts[1])
         else:  # "patch"
             out[fe_name] = ts[0].reshape(ts[0].shape[0], -1)
     return out
@@ -306,7 +310,7 @@ def _apply(self, fn, *args, **kwargs):
     res = type(self).__mro__[1]._apply(self, fn, *args, **kwargs)
     old = self.__dict__.get("_fastenc")
     if old is not None:
-        self.__dict__["_fastenc"] = from_hf(self, copy=self.__dict__.get("_fastenc_copy", False))
+        self.__dict__["_fastenc"] = _derived(from_hf(self, copy=self.__dict__.get("_fastenc_copy", False)))
         self.__dict__["_fastenc_versions"] = {}
         quant_model.carry(old, self.__dict__["_fastenc"])  # (int8 layers stay int8: the call then checks the device)
     return res
@@ -325,7 +329,7 @@ def accelerate(hf_model, copy: bool = False):
     if name is None:
         from fastenc.models.loading import _unsupported
         raise _unsupported(base.__name__)
-    fe = from_hf(hf_model, copy=copy)
+    fe = _derived(from_hf(hf_model, copy=copy))
     sig = inspect.signature(base.forward)
 
     def forward(self, *args, **kwargs):
@@ -348,6 +352,14 @@ def accelerate(hf_model, copy: bool = False):
     obj.__dict__["_fastenc_entries"] = architecture.get(arch).entries(fe.config, task)
     obj.__dict__["_fastenc_versions"] = {}
     return obj
+
+
+def _derived(fe):
+    """Mark fe as running on weights computed per call from transformers' parameters (`params_from_hf`): a model
+    that keeps an inference form of its weights (DINOv2's folded layer scale) keeps it in training too, since the
+    per-call weights are computed in that form. Returns fe."""
+    fe.__dict__["params_from_hf"] = True
+    return fe
 
 
 def _column0_real(mask) -> bool:

@@ -97,7 +97,7 @@ def build(arch: str, task: str, cfg, hf_state: Mapping[str, torch.Tensor], prefi
             if kind == "patch":  # the conv weight, as the checkpoint holds it
                 want = (want[0], cfg.num_channels, cfg.patch_size, cfg.patch_size)
                 v = hf_state[hs[0]]
-            raise ValueError(f"{arch}: weight {hs[0] if len(hs) == 1 else fe} must have shape {want}, got "
+            raise ValueError(f"{arch}: weight {hs[0] if len(hs) == 1 or kind == 'scale' else fe} must have shape {want}, got "
                              f"{tuple(v.shape)}")
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()  # (as transformers' from_pretrained; the parameters require grad, as there)

@@ -41,11 +41,20 @@ def test_weight_map_round_trip(arch, task):
     full = hf.state_dict()
     assert all(full[k].data_ptr() == full[src].data_ptr() for k, src in tied.items())
     assert set(back) == set(hf_state)
+    # a "scale" entry (DINOv2's layer scale folded into a projection) is a product divided back: one rounding each
+    # way, so within two ulps rather than bit for bit
+    scaled = {e[0] for e in entries if e[2] == "scale"} | {e[1][0] for e in entries if e[2] == "scale"}
     for k, v in back.items():
-        assert torch.equal(v, hf_state[k]), k
+        assert _same(v, hf_state[k], k in scaled), k
     again = convert.hf_to_fastenc(entries, back, fe.config)
     for k, v in fe.state_dict().items():
-        assert torch.equal(again[k], v), k
+        assert _same(again[k], v, k in scaled), k
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, ulps: bool) -> bool:
+    if not ulps:
+        return torch.equal(a, b)
+    return a.shape == b.shape and bool(((a - b).abs() <= 2 * torch.finfo(b.dtype).eps * b.abs()).all())
 
 
 def test_fused_qkv_layout():
