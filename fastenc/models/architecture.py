@@ -46,6 +46,7 @@ _MODULES = (
     "dinov2",
     "dinov2_with_registers",
     "clip_vision",
+    "siglip_vision",
     "distilbert",
     "electra",
     "roberta",

@@ -196,7 +196,8 @@ def _run(self, fe, arch: str, task: str, a: dict):
     if spec.modality == "vision":
         pv = a.get("pixel_values")
         if task == "base":
-            x, batch = fe(pv, return_packed=True)
+            extra = {"interpolate_pos_encoding": True} if a.get("interpolate_pos_encoding") else {}
+            x, batch = fe(pv, return_packed=True, **extra)  # (interpolate_pos_encoding: where `inputs` has it)
             hidden = batch.pad(x)
             pooled = (fe.pooler_output(hidden) if hasattr(fe, "pooler_output")
                       else fe.pool(hidden) if fe.pooler is not None else None)
