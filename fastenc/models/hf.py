@@ -74,6 +74,8 @@ def _needs_column0(arch: str, task: str, fe) -> bool:
     """Whether the call's output reads column 0 (the base model's pooler, a CLS-pooled classification head)."""
     if task not in ("base", "sequence_classification") or architecture.get(arch).modality != "text":
         return False
+    if not getattr(fe, "pools_column0", True):  # (CLIP's text tower pools its EOS token: its hf_forward)
+        return False
     return not (task == "sequence_classification" and getattr(fe.config, "classifier_pooling", "cls") == "mean")
 
 
