@@ -48,6 +48,7 @@ _MODULES = (
     "clip_vision",
     "siglip_vision",
     "clip_text",
+    "siglip_text",
     "distilbert",
     "electra",
     "roberta",
