@@ -2,7 +2,7 @@
 vocabulary 211, 40 positions): CLIPTextModel and CLIPTextModelWithProjection with right and left padding, both
 EOS rules of transformers 5 (first eos_token_id; the largest id when eos_token_id == 2), causal attention (a later
 token never changes an earlier one), gradients in training, accelerate, save_pretrained / from_pretrained both
-ways, bad input."""
+ways, PEFT LoRA (unmerged), bad input."""
 from __future__ import annotations
 
 import json
@@ -157,3 +157,24 @@ def test_bad_input():
         fe(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="token_type_ids must be None"):
         fe(ids, None, torch.zeros_like(ids))
+
+
+def test_peft_lora_adapter(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(_hf.clip_text_model("text_embedding", seed=15),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "fc1"]))
+    g = torch.Generator().manual_seed(16)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peft.save_pretrained(tmp_path)
+    fe = fastenc.from_hf(_hf.clip_text_model("text_embedding", seed=15))
+    ids, mask = _batch([8, 13], seed=17)
+    with torch.no_grad():
+        plain = fe(ids, mask)
+        fe.load_lora(tmp_path, merge=False)
+        ref, out = peft(ids, attention_mask=mask).text_embeds, fe(ids, mask)
+    assert float((out - plain).abs().max()) > 1e-3
+    _close(out, ref)
