@@ -75,6 +75,8 @@ def _needs_column0(arch: str, task: str, fe) -> bool:
     """Whether the call's output reads column 0 (the base model's pooler, a CLS-pooled classification head)."""
     if task not in ("base", "sequence_classification") or architecture.get(arch).modality != "text":
         return False
+    if not getattr(fe, "pools_column0", True):  # (CLIP's text tower pools its EOS token: its hf_forward)
+        return False
     return not (task == "sequence_classification" and getattr(fe.config, "classifier_pooling", "cls") == "mean")
 
 
@@ -197,7 +199,8 @@ def _run(self, fe, arch: str, task: str, a: dict):
     if spec.modality == "vision":
         pv = a.get("pixel_values")
         if task == "base":
-            x, batch = fe(pv, return_packed=True)
+            extra = {"interpolate_pos_encoding": True} if a.get("interpolate_pos_encoding") else {}
+            x, batch = fe(pv, return_packed=True, **extra)  # (interpolate_pos_encoding: where `inputs` has it)
             hidden = batch.pad(x)
             pooled = (fe.pooler_output(hidden) if hasattr(fe, "pooler_output")
                       else fe.pool(hidden) if fe.pooler is not None else None)
