@@ -35,7 +35,8 @@ from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, first_real, pack_text
-from fastenc.models.bert import _add_norm, pooler_override
+from fastenc.models.bert import (BertForSequenceClassification, BertForTokenClassification, _add_norm,
+                                  pooler_override)
 from fastenc.models.columns import column_attention, padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, cat, lin, qkv
@@ -256,10 +257,6 @@ class GteModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
 
-def _classifier_dropout(cfg) -> float:
-    return cfg.hidden_dropout_prob if cfg.classifier_dropout is None else cfg.classifier_dropout
-
-
 class GteForSequenceClassification(GteModel):
     """logits = classifier(drop(tanh(pooler(first real token)))): (batch, num_labels). labels= (batch,) int / float
     -> transformers' SequenceClassifierOutput(loss, logits) (fastenc.models.losses)."""
@@ -269,14 +266,8 @@ class GteForSequenceClassification(GteModel):
         super().__init__(dataclasses.replace(config, add_pooling_layer=True))
         self.classifier = Linear(config.hidden_size, config.num_labels)
 
-    def classify(self, first: torch.Tensor) -> torch.Tensor:
-        """classifier(drop(tanh(pooler(first)))): first (batch, hidden), each row's first token."""
-        pooled = torch.tanh(self.pooler(first))
-        p = _classifier_dropout(self.config) if self.training else 0.0
-        return self.classifier(F.dropout(pooled, p, training=True) if p > 0 else pooled)
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        return losses.classify_sequence(self, input_ids, attention_mask, token_type_ids, labels)
+    classify = BertForSequenceClassification.classify  # (the same head on the same config fields)
+    forward = BertForSequenceClassification.forward
 
 
 class GteForTokenClassification(GteModel):
@@ -288,18 +279,7 @@ class GteForTokenClassification(GteModel):
         super().__init__(dataclasses.replace(config, add_pooling_layer=False))
         self.classifier = Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        if labels is not None:
-            losses.check_token_labels(type(self).__name__, self.config, labels, losses.grid(input_ids),
-                                      attention_mask)
-        x, batch = self._encode(input_ids, attention_mask, token_type_ids)
-        p = _classifier_dropout(self.config) if self.training else 0.0
-        packed = self.classifier(F.dropout(x, p, training=True) if p > 0 else x)
-        logits = batch.pad(packed)
-        if labels is None:
-            return logits
-        loss = losses.cross_entropy(packed, batch.gather(labels.to(packed.device).reshape(batch.batch, batch.seq)))
-        return losses.output(self.task, loss, logits)
+    forward = BertForTokenClassification.forward
 
 
 class GteLMHead(nn.Module):
