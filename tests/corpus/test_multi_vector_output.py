@@ -125,7 +125,6 @@ def test_ray_actor_rows_equal_local(tmp_path, m3_folder, m3, texts):
     through the driver's conversion with the in-process job's rows."""
     pa = pytest.importorskip("pyarrow")
     from fastenc.corpus import outputs
-    from fastenc.corpus.job import Options
     from fastenc.corpus.ray_engine import _Embedder, probe_folder
 
     probe = probe_folder(m3_folder)
