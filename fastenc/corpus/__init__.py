@@ -4,7 +4,8 @@ job on a Ray cluster. `fastenc.embed(...)` and `fastenc embed ...` are its front
   readers.py    streaming .txt/.jsonl/.csv/.parquet/folder/stdin readers, row ids, bad-row policy
   batching.py   token-budget batches sorted by length within a window
   writers.py    shards + manifest under <out>.partial, renamed when whole; .parquet folder or one .npy
-  outputs.py    the output kinds (dense, sparse, multi_vector, m3): model checks, shard columns, read_output
+  outputs.py    the output kinds (dense, sparse, multi_vector, m3): model checks, computing, shard columns
+  reading.py    read_output: a finished output as numpy (ragged rows as offsets + flat arrays)
   manifest.py   the manifest: settings, digests of the inputs consumed and of each shard; what a resume verifies
   job.py        the in-process engine (and in-memory results)
   ray_engine.py the same job on Ray Data (map_batches over an actor pool); Ray is imported only there
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fastenc.corpus.outputs import KINDS as OUTPUTS
-from fastenc.corpus.outputs import MultiVectorRows, Output, SparseRows, read_output
+from fastenc.corpus.outputs import MultiVectorRows, SparseRows
+from fastenc.corpus.reading import Output, read_output
 
 ENGINES = ("local", "ray")
 __all__ = ["embed", "EmbedResult", "ENGINES", "OUTPUTS", "read_output", "Output", "SparseRows", "MultiVectorRows"]

@@ -1,8 +1,8 @@
 """What the corpus job writes per row (`output=`): a dense embedding, sparse vocabulary weights (SPLADE through a
 masked-LM head, or BGE-M3's sparse_linear), ColBERT per-token vectors, or BGE-M3's three at once. For each: what it
 needs of the model (checked before any shard is written), how a window's rows are computed (model.encode /
-model.encode_m3 on each token-budget batch, so the job writes what they return), the parquet columns of a shard, and
-read_output, which opens a finished output as numpy arrays, the ragged ones as offsets + flat values.
+model.encode_m3 on each token-budget batch, so the job writes what they return), the parquet columns of a shard,
+and their conversion from and to the numpy columns that fastenc.corpus.reading.read_output returns.
 
 Columns of a parquet shard, after `id`:
   dense         embedding  fixed_size_list<float32, width>
@@ -12,9 +12,7 @@ Columns of a parquet shard, after `id`:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -48,16 +46,6 @@ class MultiVectorRows(NamedTuple):
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
-
-
-class Output(NamedTuple):
-    """A finished output read back (read_output): ids in input order and the rows of its kind: dense -> float32
-    (rows, width); sparse -> SparseRows; multi_vector -> MultiVectorRows; m3 -> {"dense", "sparse", "colbert"}.
-    params: the manifest's settings (None for a .npy output, which carries none)."""
-    ids: list
-    embeddings: Any
-    output: str
-    params: dict | None
 
 
 @dataclass(frozen=True)
@@ -334,33 +322,3 @@ def check_rows(cols: dict[str, Any]) -> str | None:
     if "indices" in cols and not np.array_equal(cols["indices"][0], cols["values"][0]):
         return "its indices and values differ in length"
     return None
-
-
-def read_output(path: str | Path) -> Output:
-    """Open a finished output of fastenc.embed: a `.parquet` folder (its shards in order, as its manifest lists
-    them) or a `.npy` array. Returns Output(ids, embeddings, output, params): the rows in input order, the ragged
-    outputs as offsets + flat arrays (see Output)."""
-    path = Path(path)
-    if path.suffix.lower() == ".npy":
-        emb = np.load(path, allow_pickle=False)
-        return Output(list(range(len(emb))), emb, "dense", None)
-    if path.suffix.lower() != ".parquet" or not path.is_dir():
-        raise ValueError(f"read_output: path must be a finished .parquet folder or a .npy file, got {str(path)!r}")
-    from fastenc.corpus.manifest import MANIFEST
-    from fastenc.corpus.readers import parquet
-
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"read_output: {str(path / MANIFEST)!r} is missing or unreadable ({e})") from None
-    if not manifest.get("done"):
-        raise ValueError(f"read_output: {str(path)!r} is not a finished output (its manifest is not done)")
-    params = manifest.get("params", {})
-    layout = layout_of_params(params)
-    ids: list = []
-    parts = []
-    for s in manifest["shards"]:
-        table = parquet().read_table(path / s["file"])
-        ids.extend(table.column("id").to_pylist())
-        parts.append(from_arrow(table, layout))
-    return Output(ids, public(concat(parts, layout), layout), layout.output, params)

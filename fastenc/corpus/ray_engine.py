@@ -78,8 +78,7 @@ class _Embedder:
         bad = batch.column("bad").to_pylist()
         texts = batch.column("text").to_pylist()
         good = [i for i, b in enumerate(bad) if not b]
-        meta = {"tokens": None, "truncated": None, "bad": batch.column("bad"), "source": batch.column("source"),
-                "row": batch.column("row")}
+        meta = {"bad": batch.column("bad"), "source": batch.column("source"), "row": batch.column("row")}
         if self.layout.output != "dense":
             return self._ragged(batch, texts, good, meta)
         hidden = self.opts.dimensions or self.model.config.hidden_size
