@@ -166,7 +166,7 @@ def compute(model, seqs, layout: Layout, top_k: int | None, max_batch_tokens: in
     vec: list = [None] * n
     src = sparse_source(model) if layout.output == "sparse" else None
     for b in token_budget_batches(seqs, max_batch_tokens, max_batch_size):
-        lists = [[int(t) for t in seqs[i]] for i in b.rows]
+        lists = [np.asarray(seqs[i], dtype=np.int64).tolist() for i in b.rows]
         if layout.output == "sparse" and src == "mlm":
             rows = model.encode(lists, batch_size=len(lists), output="sparse", top_k=top_k)
             for i, (ix, vs) in zip(b.rows, rows):
