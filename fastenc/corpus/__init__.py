@@ -4,6 +4,8 @@ job on a Ray cluster. `fastenc.embed(...)` and `fastenc embed ...` are its front
   readers.py    streaming .txt/.jsonl/.csv/.parquet/folder/stdin readers, row ids, bad-row policy
   batching.py   token-budget batches sorted by length within a window
   writers.py    shards + manifest under <out>.partial, renamed when whole; .parquet folder or one .npy
+  outputs.py    the output kinds (dense, sparse, multi_vector, m3): model checks, computing, shard columns
+  reading.py    read_output: a finished output as numpy (ragged rows as offsets + flat arrays)
   manifest.py   the manifest: settings, digests of the inputs consumed and of each shard; what a resume verifies
   job.py        the in-process engine (and in-memory results)
   ray_engine.py the same job on Ray Data (map_batches over an actor pool); Ray is imported only there
@@ -17,12 +19,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fastenc.corpus.outputs import KINDS as OUTPUTS
+from fastenc.corpus.outputs import MultiVectorRows, SparseRows
+from fastenc.corpus.reading import Output, read_output
+
 ENGINES = ("local", "ray")
+__all__ = ["embed", "EmbedResult", "ENGINES", "OUTPUTS", "read_output", "Output", "SparseRows", "MultiVectorRows"]
 
 
 class EmbedResult(NamedTuple):
     ids: list            # row ids (see readers.py): positions for a list of texts
-    embeddings: Any      # numpy float32 (rows, hidden), input order
+    embeddings: Any      # numpy float32 (rows, hidden), input order; other outputs: see embed's `output`
     summary: Any         # fastenc.corpus.job.Summary
 
 
@@ -32,7 +39,7 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
           on_bad: str = "error", device: str | None = None, dtype=None, resume: bool = False,
           overwrite: bool = False, progress: bool = False, engine: str = "local", address: str | None = None,
           actors: int = 1, gpus_per_actor: float = 0.0, stdin_format: str = "txt", quantize: str | None = None,
-          dimensions: int | None = None):
+          dimensions: int | None = None, output: str = "dense", top_k: int | None = None):
     """Embed a corpus.
 
     texts_or_path: a list/iterable of strings, or a path (str or Path) to a .txt/.jsonl/.csv/.parquet file or a
@@ -58,6 +65,17 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
     dimensions: keep the first `dimensions` columns of each embedding (Matryoshka truncation, 1 <= dimensions <=
       the model's hidden size), re-normalized after the cut when normalize is on; the output has that many
       columns. The manifest records it, so a resume refuses to change it.
+    output: what each row holds (docs/retrieval.md; the manifest records it and top_k, so a resume refuses to
+      change them; a model that cannot give it is refused before any shard is written):
+      'dense' (default) the pooled embedding;
+      'sparse' vocabulary weights: SPLADE of a masked-LM model (model.encode(output='sparse')), else a BGE-M3
+        folder's sparse_linear (model.encode_m3's sparse); top_k keeps at most that many per row, largest first;
+      'multi_vector' ColBERT per-token unit vectors through the model's ColBERT projection (colbert_linear, or a
+        BGE-M3 folder's colbert head; model.encode(output='multi_vector'), every token kept);
+      'm3' BGE-M3's dense, sparse and colbert (model.encode_m3) from one forward.
+      The ragged outputs write .parquet shards only (columns in fastenc.corpus.outputs); in memory and from
+      read_output(out) they come back as SparseRows(offsets, indices, values), MultiVectorRows(offsets, vectors),
+      or for 'm3' a dict {"dense", "sparse", "colbert"}. pooling, normalize and dimensions are for 'dense' only.
     """
     from fastenc.corpus.job import Options, embed_in_memory, run
 
@@ -65,7 +83,8 @@ def embed(texts_or_path, model=None, *, out: str | Path | None = None, pooling: 
         raise ValueError(f"embed: engine must be one of {ENGINES}, got {engine!r}")
     opts = Options(pooling=pooling, normalize=normalize, max_length=max_length, max_batch_tokens=max_batch_tokens,
                    max_batch_size=max_batch_size, window=window, text_field=text_field, id_field=id_field,
-                   on_bad=on_bad, progress=progress, quantize=quantize, dimensions=dimensions)
+                   on_bad=on_bad, progress=progress, quantize=quantize, dimensions=dimensions, output=output,
+                   top_k=top_k)
     if engine == "ray":
         from fastenc.corpus.ray_engine import run_ray
 

@@ -39,6 +39,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dimensions", type=int, default=None, metavar="K",
                    help="keep the first K dimensions of each embedding (Matryoshka), re-normalized when normalizing; "
                         "recorded in the manifest: --resume refuses to change it")
+    p.add_argument("--output", choices=("dense", "sparse", "multi_vector", "m3"), default="dense",
+                   help="what each row holds: the pooled embedding (default), sparse weights (SPLADE of a masked-LM "
+                        "model, or BGE-M3's sparse head), ColBERT per-token vectors, or BGE-M3's three; the ragged "
+                        "outputs need --out OUT.parquet; recorded in the manifest: --resume refuses to change it")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sparse / m3: keep at most K weights per row, largest first (recorded in the manifest)")
     p.set_defaults(func=main)
 
 
@@ -69,7 +75,7 @@ def main(args) -> int:
               text_field=args.text_field, id_field=args.id_field, on_bad=args.on_bad, device=args.device,
               dtype=getattr(torch, args.dtype) if args.dtype else None, overwrite=args.overwrite,
               progress=not args.no_progress, engine=args.engine, quantize=args.quantize,
-              dimensions=args.dimensions)
+              dimensions=args.dimensions, output=args.output, top_k=args.top_k)
     if args.engine == "ray":
         kw.update(address=args.address, actors=args.actors, gpus_per_actor=args.gpus_per_actor)
         if args.resume:

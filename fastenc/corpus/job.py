@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fastenc.corpus import manifest as mf
-from fastenc.corpus import quantization, writers
+from fastenc.corpus import outputs, quantization, writers
 from fastenc.corpus.batching import token_budget_batches
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
 from fastenc.corpus.readers import (BadRowError, MissingFieldError, Record, check_fields, id_type, iter_records,
@@ -69,6 +69,8 @@ class Options:
     progress: bool = False
     quantize: str | None = None           # None (fp32) | 'int8': fastenc.quantize after the model loads
     dimensions: int | None = None         # Matryoshka: keep the first k dims (re-normalized); None: all
+    output: str = "dense"                 # 'dense' | 'sparse' | 'multi_vector' | 'm3' (fastenc.corpus.outputs)
+    top_k: int | None = None              # sparse / m3: keep at most top_k weights per row, largest first
 
     def check(self) -> None:
         if self.pooling not in (None, "mean", "cls"):
@@ -87,6 +89,7 @@ class Options:
         if self.dimensions is not None and (isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int)
                                             or self.dimensions < 1):
             raise ValueError(f"embed: dimensions must be a positive int or None, got {self.dimensions!r}")
+        outputs.check_options(self.output, self.top_k, self.dimensions, self.pooling, self.normalize)
 
 
 def default_model_path() -> Path:
@@ -140,10 +143,20 @@ def output_width(model, opts: Options) -> int:
     return check_dimensions("embed", opts.dimensions, hidden) or hidden
 
 
-def resolve_options(model, opts: Options) -> tuple[str, bool, int]:
+def output_layout(model, opts: Options) -> outputs.Layout:
+    """What each row of the output holds (fastenc.corpus.outputs.Layout); refuses, naming `output`, a model that
+    cannot give opts.output."""
+    return outputs.layout_of(model, opts.output, output_width(model, opts) if opts.output == "dense" else None)
+
+
+def resolve_options(model, opts: Options) -> tuple[str | None, bool | None, int]:
+    """(pooling, normalize, max_length) of the job; pooling and normalize are those of the dense output (None for
+    sparse and multi_vector, which have none; BGE-M3's normalized [CLS] for m3)."""
     d = model.encode_defaults
     pooling = opts.pooling or d.get("pooling", "mean")
     normalize = d.get("normalize", False) if opts.normalize is None else bool(opts.normalize)
+    if opts.output != "dense":
+        pooling, normalize = ("cls", True) if opts.output == "m3" else (None, None)
     limit = opts.max_length or d.get("max_length") or model.config.max_position_embeddings
     return pooling, normalize, min(int(limit), int(model.config.max_position_embeddings))
 
@@ -222,7 +235,8 @@ def _progress(enabled: bool, total: int | None):
 @dataclass
 class Window:
     records: list[Record]   # every input row of the window, bad ones included
-    emb: np.ndarray          # (len(records), hidden) float32; NaN rows for bad records
+    emb: Any                 # (len(records), hidden) float32, NaN rows for bad records; for another output kind
+                             # its columns (fastenc.corpus.outputs.compute), bad records without entries
     keep: np.ndarray         # (len(records),) bool: not a bad row
     tokens: int
     truncated: int
@@ -239,6 +253,10 @@ def embed_window(chunk: list[Record], model, pooling: str, normalize: bool, max_
     keep = np.array([r.text is not None for r in chunk], dtype=bool)
     texts = [r.text for r in chunk if r.text is not None]
     seqs, cut = tokenize(model, texts, max_length) if texts else ([], [])
+    if opts.output != "dense":
+        layout = output_layout(model, opts)
+        cols = outputs.compute(model, seqs, layout, opts.top_k, opts.max_batch_tokens, opts.max_batch_size, on_batch)
+        return Window(chunk, outputs.expand(cols, keep, layout), keep, sum(map(len, seqs)), sum(cut))
     emb = np.full((len(chunk), output_width(model, opts)), np.nan, dtype=np.float32)
     if seqs:
         emb[keep] = embed_ids(model, seqs, pooling, normalize, opts.max_batch_tokens, opts.max_batch_size, on_batch,
@@ -269,16 +287,17 @@ def _bar_update(bar, t0: float):
 
 
 def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format: str = ".txt",
-                    opts: Options | None = None) -> tuple[list, np.ndarray, Summary]:
+                    opts: Options | None = None) -> tuple[list, Any, Summary]:
     """(ids, embeddings (rows, hidden) float32 in input order, summary); bad rows skipped under on_bad='skip' are
-    left out of both."""
+    left out of both. For another output kind, embeddings is what fastenc.corpus.outputs.public gives (SparseRows,
+    MultiVectorRows, or for m3 a dict of the three)."""
     opts = opts or Options()
     opts.check()
     sources = _sources(inputs, stdin_format, opts)
     pin_mmap_threshold()
     with loaded(model, device, dtype, opts.quantize) as (model, _):
         pooling, normalize, max_length = resolve_options(model, opts)
-        width = output_width(model, opts)
+        layout = output_layout(model, opts)
         records = iter_records(sources, opts.text_field, opts.id_field, opts.on_bad) if sources is not None \
             else iter_texts(inputs, opts.on_bad)
         ids, parts, summary = [], [], Summary()
@@ -286,13 +305,15 @@ def embed_in_memory(inputs, model=None, *, device=None, dtype=None, stdin_format
         t0 = time.perf_counter()
         for w in iter_windows(records, model, pooling, normalize, max_length, opts, _bar_update(bar, t0)):
             ids.extend(r.id for r, k in zip(w.records, w.keep) if k)
-            parts.append(w.emb[w.keep])
+            parts.append(w.emb[w.keep] if layout.output == "dense" else outputs.take(w.emb, np.flatnonzero(w.keep)))
             summary.add(w.stats())
             del w
         if bar is not None:
             bar.close()
     summary.seconds = time.perf_counter() - t0
-    emb = np.concatenate(parts) if parts else np.empty((0, width), np.float32)
+    if layout.output != "dense":
+        return ids, outputs.public(outputs.concat(parts, layout), layout), summary
+    emb = np.concatenate(parts) if parts else np.empty((0, layout.width), np.float32)
     return ids, emb, summary
 
 
@@ -309,14 +330,15 @@ def _sources(inputs, stdin_format: str, opts: Options):
     return None
 
 
-def _params(folder, model, opts: Options, pooling, normalize, max_length, fmt, hidden, ids: str) -> dict[str, Any]:
+def _params(folder, model, opts: Options, pooling, normalize, max_length, fmt, layout, ids: str) -> dict[str, Any]:
     p = next(model.parameters())
+    layout = outputs.as_layout(layout)
     return {"model": str(folder.resolve()) if folder is not None else "<in-memory model>",
             "model_digest": mf.model_digest(model), "device": p.device.type, "pooling": pooling, "normalize": normalize, "max_length": max_length,
             "max_batch_tokens": opts.max_batch_tokens, "max_batch_size": opts.max_batch_size, "window": opts.window,
             "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "format": fmt,
-            "dtype": str(p.dtype), "hidden": hidden, "id_type": ids, "quantize": _quantize_params(model),
-            "dimensions": opts.dimensions}
+            "dtype": str(p.dtype), "hidden": layout.width, "id_type": ids, "quantize": _quantize_params(model),
+            "dimensions": opts.dimensions, "output": layout.output, "top_k": opts.top_k, "vector_dim": layout.dim}
 
 
 def _quantize_params(model) -> dict | None:
@@ -335,6 +357,9 @@ def run(inputs, out: str | Path, model=None, *, device: str | None = None, dtype
     opts.check()
     out = Path(out)
     fmt = writers.out_format(out)
+    if fmt != ".parquet" and opts.output != "dense":
+        raise ValueError(f"embed: output={opts.output!r} writes ragged rows: out must be a .parquet folder (a .npy "
+                         f"holds one dense array), got {str(out)!r}")
     sources = _sources(inputs, stdin_format, opts)
     if sources is not None:
         writers.check_apart(out, inputs)
@@ -348,7 +373,7 @@ def _run(inputs, out: Path, model, folder, fmt: str, sources, resume: bool, over
          opts: Options) -> Summary:
     """run() once the model is loaded (and quantized as asked)."""
     pooling, normalize, max_length = resolve_options(model, opts)
-    hidden = output_width(model, opts)  # the output's columns (the model's hidden size unless truncated)
+    hidden = output_layout(model, opts)  # the output's columns: refuses a model without the output, before any write
     ids = id_type(sources, opts.id_field)
     params = _params(folder, model, opts, pooling, normalize, max_length, fmt, hidden, ids)
     manifest = writers.prepare(out, params, mf.input_entries(sources), resume, overwrite)
@@ -378,7 +403,7 @@ def _run(inputs, out: Path, model, folder, fmt: str, sources, resume: bool, over
                         continue
                     summary.recomputed += 1
                 w = embed_window(chunk, model, pooling, normalize, max_length, opts, _bar_update(bar, t0))
-                entry = {**writers.write_shard(wd, fmt, done, [r.id for r in w.records], w.emb, w.keep, ids),
+                entry = {**writers.write_shard(wd, fmt, done, [r.id for r in w.records], w.emb, w.keep, ids, hidden),
                          **w.stats(), "input": pieces}
                 if done < old:
                     manifest["shards"][done] = entry

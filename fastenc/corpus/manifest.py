@@ -21,6 +21,10 @@ VERSION = 2
 MANIFEST = "_manifest.json"  # "_" prefix: parquet readers skip it
 
 
+# settings added after a manifest version's first release: the value an interrupted run without them used
+PARAM_DEFAULTS = {"output": "dense", "top_k": None, "vector_dim": None}
+
+
 class ResumeError(ValueError):
     """An interrupted run cannot be resumed: its inputs or settings differ, or its manifest cannot be verified."""
 
@@ -166,7 +170,7 @@ def load_for_resume(path: Path, params: dict[str, Any], inputs: list[dict[str, A
         raise ResumeError(f"embed: cannot resume: {str(path)!r} holds no digest of the inputs and shards to verify "
                           f"(manifest version {old.get('version') if isinstance(old, dict) else None!r}, expected "
                           f"{VERSION}); start over with overwrite=True / --overwrite")
-    then = old.get("params", {})
+    then = {**PARAM_DEFAULTS, **old.get("params", {})}
     diff = sorted(k for k in set(then) | set(params) if then.get(k) != params.get(k))
     if diff:
         raise ResumeError(f"embed: cannot resume: the interrupted run used other settings for {diff} "
@@ -175,22 +179,27 @@ def load_for_resume(path: Path, params: dict[str, Any], inputs: list[dict[str, A
     return old
 
 
-def shard_schema(hidden: int, id_type: str):
-    """The schema of every parquet shard: id (string or int64, one type per output) and embedding."""
-    import pyarrow as pa
+def shard_schema(hidden, id_type: str):
+    """The schema of every parquet shard: id (string or int64, one type per output) and embedding (hidden: its
+    width), or the columns of another output kind (hidden: its fastenc.corpus.outputs.Layout)."""
+    from fastenc.corpus import outputs
 
-    return pa.schema([("id", pa.string() if id_type == "string" else pa.int64()),
-                      ("embedding", pa.list_(pa.float32(), hidden))])
+    return outputs.schema(outputs.as_layout(hidden), id_type)
 
 
 def _expected_ids(records: list[Record], keep: np.ndarray, id_type: str) -> list:
     return [str(r.id) if id_type == "string" else r.id for r, k in zip(records, keep) if k]
 
 
-def verify_shard(wd: Path, entry: dict[str, Any], fmt: str, hidden: int, id_type: str, records: list[Record],
+def verify_shard(wd: Path, entry: dict[str, Any], fmt: str, hidden, id_type: str, records: list[Record],
                  keep: np.ndarray) -> str | None:
     """None when shard `entry['file']` holds what its entry says for the window `records` (checksum, rows, ids,
-    skipped rows); else why not."""
+    skipped rows, and for the ragged outputs rows whose lists agree); else why not. hidden: the width of a dense
+    output, or the output's fastenc.corpus.outputs.Layout."""
+    from fastenc.corpus import outputs
+
+    layout = outputs.as_layout(hidden)
+    hidden = layout.width
     path = wd / entry["file"]
     try:
         data = path.read_bytes()
@@ -218,8 +227,13 @@ def verify_shard(wd: Path, entry: dict[str, Any], fmt: str, hidden: int, id_type
     except Exception as e:  # noqa: BLE001 (numpy and pyarrow raise several types for a bad file)
         return f"unreadable ({e})"
 
-    if not table.schema.equals(shard_schema(hidden, id_type)):
-        return f"its schema is {table.schema}, expected {shard_schema(hidden, id_type)}"
+    if not table.schema.equals(shard_schema(layout, id_type)):
+        return f"its schema is {table.schema}, expected {shard_schema(layout, id_type)}"
     if table.column("id").to_pylist() != _expected_ids(records, keep, id_type):
         return "its ids differ from the window's rows"
+    if layout.output != "dense":
+        try:
+            return outputs.check_rows(outputs.from_arrow(table, layout))
+        except Exception as e:  # noqa: BLE001 (pyarrow raises several types for a bad column)
+            return f"unreadable ({e})"
     return None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fastenc.corpus import manifest as mf
-from fastenc.corpus import quantization, writers
+from fastenc.corpus import outputs, quantization, writers
 from fastenc.corpus.job import (EmbedInterrupted, Options, Summary, default_model_path, embed_ids,
                                 tokenize)
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
@@ -62,6 +62,9 @@ class _Embedder:
         self.opts = Options(**opts)
         quantization.apply(self.model, self.opts.quantize, "embed: quantize")  # each actor its own model
         self.pooling, self.normalize, self.max_length = resolve_options(self.model, self.opts)
+        from fastenc.corpus.job import output_layout
+
+        self.layout = output_layout(self.model, self.opts)
 
     def __call__(self, batch):
         import pyarrow as pa
@@ -75,6 +78,9 @@ class _Embedder:
         bad = batch.column("bad").to_pylist()
         texts = batch.column("text").to_pylist()
         good = [i for i, b in enumerate(bad) if not b]
+        meta = {"bad": batch.column("bad"), "source": batch.column("source"), "row": batch.column("row")}
+        if self.layout.output != "dense":
+            return self._ragged(batch, texts, good, meta)
         hidden = self.opts.dimensions or self.model.config.hidden_size
         emb = np.zeros((len(bad), hidden), dtype=np.float32)
         tokens = np.zeros(len(bad), dtype=np.int64)
@@ -88,8 +94,28 @@ class _Embedder:
             release_between_windows()  # each call is one window: the next starts from the same state
         flat = pa.array(emb.reshape(-1))
         return pa.table({"id": batch.column("id"), "embedding": pa.FixedSizeListArray.from_arrays(flat, hidden),
-                         "tokens": pa.array(tokens), "truncated": pa.array(cut), "bad": batch.column("bad"),
-                         "source": batch.column("source"), "row": batch.column("row")})
+                         **meta, "tokens": pa.array(tokens), "truncated": pa.array(cut)})
+
+    def _ragged(self, batch, texts, good, meta):
+        """__call__ for the other output kinds: the layout's columns (fastenc.corpus.outputs), a bad row empty."""
+        import pyarrow as pa
+
+        n = len(texts)
+        tokens = np.zeros(n, dtype=np.int64)
+        cut = np.zeros(n, dtype=bool)
+        seqs, flags = tokenize(self.model, [texts[i] for i in good], self.max_length) if good else ([], [])
+        cols = outputs.compute(self.model, seqs, self.layout, self.opts.top_k, self.opts.max_batch_tokens,
+                               self.opts.max_batch_size)
+        keep = np.zeros(n, dtype=bool)
+        keep[good] = True
+        cols = outputs.expand(cols, keep, self.layout)
+        if good:
+            tokens[good] = [len(s) for s in seqs]
+            cut[good] = flags
+            release_between_windows()
+        arrays = dict(zip(self.layout.columns, outputs.arrow_columns(cols, self.layout)))
+        return pa.table({"id": batch.column("id"), **arrays, **meta, "tokens": pa.array(tokens),
+                         "truncated": pa.array(cut)})
 
 
 def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int = 1, gpus_per_actor: float = 0.0,
@@ -120,7 +146,10 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
     if not isinstance(model, (str, Path, type(None))) or not folder.is_dir():
         raise ValueError("embed: engine='ray' loads the model in each actor: model must be a model folder path")
     pin_mmap_threshold()  # the driver's memory too: it collects and writes every window
-    settings = folder_settings(folder, opts)  # what the actors will use; before Ray starts, as the blocks
+    probe = probe_folder(folder)
+    settings = folder_settings(folder, opts, probe)  # what the actors will use; before Ray starts, as the blocks
+    # the output's columns; a model without the output is refused here, before Ray starts or any shard is written
+    layout = outputs.layout_of(probe, opts.output, settings[3] if opts.output == "dense" else None)
     blocks = [b for s in sources for b in split_source(s, opts.window)]  # window rows each, as the local windows
     ray = _import_ray()
     started = False
@@ -129,8 +158,8 @@ def run_ray(inputs, out, model=None, *, address: str | None = None, actors: int 
                  **({"include_dashboard": False, "log_to_driver": False} if address else local_ray_options()))
         started = True
     try:
-        return _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
-                    time.perf_counter())
+        return _run(ray, sources, blocks, settings, layout, out, folder, actors, gpus_per_actor, device, dtype,
+                    overwrite, opts, time.perf_counter())
     finally:
         if started:
             ray.shutdown()
@@ -147,13 +176,26 @@ def local_ray_options() -> dict[str, Any]:
             "_system_config": {"worker_niceness": 0}}
 
 
-def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
+def folder_settings(folder: Path, opts: Options, probe=None) -> tuple[str, bool, int, int]:
     """(pooling, normalize, max_length, width) the job uses with the model in `folder`, as resolve_options gives
-    them for the loaded model, from config.json and the sentence-transformers files alone: the encoder is built on
-    the meta device (no weights read, no memory) only to read its defaults."""
+    them for the loaded model, from config.json and the sentence-transformers files alone: the model is built on
+    the meta device (probe_folder; no weights read, no memory) only to read its defaults."""
+    from fastenc.corpus.job import resolve_options
+
+    probe = probe_folder(folder) if probe is None else probe
+    pooling, normalize, max_length = resolve_options(probe, opts)
+    from fastenc.models.base import check_dimensions
+
+    hidden = int(probe.config.hidden_size)
+    return pooling, normalize, max_length, check_dimensions("embed", opts.dimensions, hidden) or hidden
+
+
+def probe_folder(folder: Path):
+    """The model in `folder` as fastenc.from_pretrained builds it (the class of its config's architecture, the
+    tokenizer and sentence-transformers settings, BGE-M3's small head files), its weights on the meta device: no
+    weights read, no memory. The driver reads the job's settings and the output's needs from it."""
     import torch
 
-    from fastenc.corpus.job import resolve_options
     from fastenc.models import architecture
     from fastenc.models.loading import SkipMetaInit
 
@@ -169,24 +211,24 @@ def folder_settings(folder: Path, opts: Options) -> tuple[str, bool, int, int]:
     name = (d.get("architectures") or [None])[0]
     heads, encoders = architecture.hf_classes(), architecture.encoder_classes()
     arch = heads[name][0] if name in heads else encoders.get(name, d.get("model_type") if name is None else None)
+    task = heads[name][1] if name in heads else "base"
     if arch not in architecture.architectures():
         raise ValueError(f"embed: {str(cfg_file)!r} describes {name or d.get('model_type')!r}, not a supported "
                          f"architecture ({', '.join(architecture.architectures())})")
     spec = architecture.get(arch)
     if spec.modality != "text":
         raise ValueError(f"embed: the corpus job embeds text; {str(folder)!r} holds a {arch} ({spec.modality}) model")
-    cfg = spec.config.from_dict(d, **spec.overrides("base", False))
+    cfg = spec.config.from_dict(d, **spec.overrides(task, False))
     with torch.device("meta"), SkipMetaInit():
-        probe = spec.model_class("base")(cfg)
+        probe = spec.model_class(task)(cfg)
     probe.load_tokenizer(folder)
-    pooling, normalize, max_length = resolve_options(probe, opts)
-    from fastenc.models.base import check_dimensions
+    from fastenc.models.bge_m3 import load_heads
 
-    hidden = int(cfg.hidden_size)
-    return pooling, normalize, max_length, check_dimensions("embed", opts.dimensions, hidden) or hidden
+    load_heads(probe, folder)
+    return probe
 
 
-def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
+def _run(ray, sources, blocks, settings, layout, out, folder, actors, gpus_per_actor, device, dtype, overwrite, opts,
          t0) -> Summary:
     import ray.data
 
@@ -197,7 +239,7 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
               "pooling": pooling, "normalize": normalize, "max_length": max_length, "format": ".parquet",
               "text_field": opts.text_field, "id_field": opts.id_field, "on_bad": opts.on_bad, "hidden": hidden,
               "id_type": ids_type, "quantize": {"mode": opts.quantize} if opts.quantize else None,
-              "dimensions": opts.dimensions}
+              "dimensions": opts.dimensions, "output": layout.output, "top_k": opts.top_k, "vector_dim": layout.dim}
     manifest = writers.prepare(out, params, mf.input_entries(sources), False, overwrite)
     wd = writers.start(out, manifest, overwrite)
 
@@ -212,8 +254,10 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
     items = [{"path": str(b.source.path), "fmt": b.source.fmt, "prefix": b.source.prefix, "offset": b.offset,
               "first_row": b.first_row, "rows": b.rows, "str_ids": str_ids} for b in blocks]
     opt_dict = {k: getattr(opts, k) for k in ("max_batch_tokens", "max_batch_size", "window", "text_field",
-                                               "id_field", "on_bad", "quantize", "dimensions")}
-    opt_dict.update(pooling=pooling, normalize=normalize, max_length=max_length)  # the manifest's settings
+                                               "id_field", "on_bad", "quantize", "dimensions", "output", "top_k")}
+    opt_dict.update(max_length=max_length)  # the manifest's settings
+    if opts.output == "dense":
+        opt_dict.update(pooling=pooling, normalize=normalize)
     batches = iter(())
     if items:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(
@@ -236,15 +280,18 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
         for table in batches:
             bad = np.array([bool(b) for b in table.column("bad").to_pylist()])
             keep = ~bad
-            emb = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-            emb = emb.reshape(len(bad), hidden)
+            if layout.output == "dense":
+                emb = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                emb = emb.reshape(len(bad), hidden)
+            else:
+                emb = outputs.from_arrow(table, layout)
             ids = table.column("id").to_pylist()
             bad_rows = [(s, r, b) for s, r, b in zip(table.column("source").to_pylist(),
                                                      table.column("row").to_pylist(),
                                                      table.column("bad").to_pylist()) if b]
             if bad_rows and opts.on_bad == "error":
                 raise bad_row_error(*bad_rows[0])
-            entry = {**writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep, ids_type),
+            entry = {**writers.write_shard(wd, ".parquet", len(manifest["shards"]), ids, emb, keep, ids_type, layout),
                      "rows_read": len(bad), "texts": int(keep.sum()),
                      "tokens": int(np.asarray(table.column("tokens").to_numpy())[keep].sum()),
                      "truncated": int(np.asarray(table.column("truncated").to_numpy(zero_copy_only=False))[keep].sum()),
@@ -262,7 +309,7 @@ def _run(ray, sources, blocks, settings, out, folder, actors, gpus_per_actor, de
         close = getattr(batches, "close", None)
         if close is not None:
             close()  # shuts Ray Data's executor down now, whether the loop ended or raised
-    writers.finish(out, wd, ".parquet", manifest, hidden)
+    writers.finish(out, wd, ".parquet", manifest, layout)
     summary.seconds = time.perf_counter() - t0
     summary.shards = len(manifest["shards"])
     return summary

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from fastenc.corpus import outputs
 from fastenc.corpus.manifest import MANIFEST, load_for_resume, new_manifest, shard_schema
+from fastenc.corpus.outputs import Layout
 
 OUT_FORMATS = (".parquet", ".npy")
 
@@ -149,29 +151,35 @@ def save_manifest(wd: Path, manifest: dict[str, Any]) -> None:
     _write_bytes(wd / MANIFEST, json.dumps(manifest, indent=1).encode(), "the manifest")
 
 
-def _parquet_bytes(ids: list, emb: np.ndarray, hidden: int, id_type: str) -> bytes:
+def _parquet_bytes(ids: list, cols: dict[str, Any], layout: Layout, id_type: str) -> bytes:
     import pyarrow as pa
 
     from fastenc.corpus.readers import parquet
 
-    schema = shard_schema(hidden, id_type)
+    schema = shard_schema(layout, id_type)
     if id_type == "string":
         ids = [str(i) for i in ids]
-    flat = pa.array(np.ascontiguousarray(emb, dtype=np.float32).reshape(-1), type=pa.float32())
-    table = pa.Table.from_arrays([pa.array(ids, type=schema.field("id").type),
-                                  pa.FixedSizeListArray.from_arrays(flat, hidden)], schema=schema)
+    table = pa.Table.from_arrays([pa.array(ids, type=schema.field("id").type)] + outputs.arrow_columns(cols, layout),
+                                 schema=schema)
     sink = pa.BufferOutputStream()
     parquet().write_table(table, sink)
     return sink.getvalue().to_pybytes()
 
 
-def write_shard(wd: Path, fmt: str, index: int, ids: list, emb: np.ndarray, keep: np.ndarray,
-                id_type: str) -> dict[str, Any]:
-    """Write one shard: `emb` (rows, hidden) float32 of every input row of the window, `keep` which rows are real
-    (False: a skipped bad row: left out of parquet, NaN in npy), ids as `id_type` ('string' | 'int64'). Returns the
-    manifest's fields of the shard: its file name and the sha256 of its bytes."""
+def write_shard(wd: Path, fmt: str, index: int, ids: list, emb, keep: np.ndarray, id_type: str,
+                layout: Layout | None = None) -> dict[str, Any]:
+    """Write one shard: `emb` (rows, hidden) float32 of every input row of the window, or for another output kind
+    its columns (fastenc.corpus.outputs: `layout` says which), `keep` which rows are real (False: a skipped bad row:
+    left out of parquet, NaN in npy), ids as `id_type` ('string' | 'int64'). Returns the manifest's fields of the
+    shard: its file name and the sha256 of its bytes."""
     name = f"part-{index:05d}{fmt}"
+    if isinstance(emb, np.ndarray):
+        layout, emb = outputs.as_layout(emb.shape[1]), {"embedding": emb}
+    elif layout is None or fmt != ".parquet":
+        raise ValueError(f"embed: a {layout.output if layout else 'ragged'} shard is written as parquet with its "
+                         f"layout, got format {fmt!r}")
     if fmt == ".npy":
+        emb = emb["embedding"]
         data = emb.copy()
         data[~keep] = np.nan
         buf = io.BytesIO()
@@ -179,13 +187,14 @@ def write_shard(wd: Path, fmt: str, index: int, ids: list, emb: np.ndarray, keep
         blob = buf.getvalue()
     else:
         rows = np.flatnonzero(keep)
-        blob = _parquet_bytes([ids[i] for i in rows], emb[rows], emb.shape[1], id_type)
+        blob = _parquet_bytes([ids[i] for i in rows], outputs.take(emb, rows), layout, id_type)
     _write_bytes(wd / name, blob, f"shard {name}")
     return {"file": name, "sha256": hashlib.sha256(blob).hexdigest()}
 
 
-def _check_parquet(wd: Path, hidden: int, id_type: str, rows: int) -> str | None:
-    """None when the folder `wd` opens as one parquet dataset of `rows` rows of the shard schema; else why not."""
+def _check_parquet(wd: Path, hidden, id_type: str, rows: int) -> str | None:
+    """None when the folder `wd` opens as one parquet dataset of `rows` rows of the shard schema (hidden: the dense
+    width, or the output's Layout); else why not."""
     from fastenc.corpus.readers import parquet
 
     pq = parquet()
@@ -207,22 +216,27 @@ def _check_parquet(wd: Path, hidden: int, id_type: str, rows: int) -> str | None
     return None
 
 
-def finish(out: Path, wd: Path, fmt: str, manifest: dict[str, Any], hidden: int) -> None:
-    """All rows written: check that the output opens with the expected rows, then give it its final name."""
+def finish(out: Path, wd: Path, fmt: str, manifest: dict[str, Any], hidden) -> None:
+    """All rows written: check that the output opens with the expected rows, then give it its final name.
+    hidden: the width of a dense output, or the output's Layout (fastenc.corpus.outputs)."""
     manifest["done"] = True
+    layout = outputs.as_layout(hidden)
     if fmt == ".parquet":
         id_type = manifest.get("params", {}).get("id_type", "int64")
         if not manifest["shards"]:  # an empty input: one empty shard, so the output opens as an empty table
-            entry = write_shard(wd, fmt, 0, [], np.empty((0, hidden), np.float32), np.zeros(0, bool), id_type)
+            entry = write_shard(wd, fmt, 0, [], layout.empty(), np.zeros(0, bool), id_type, layout)
             manifest["shards"].append({**entry, "rows_read": 0, "texts": 0, "tokens": 0, "truncated": 0,
                                        "skipped": 0, "bad": [], "input": []})
         save_manifest(wd, manifest)
-        why = _check_parquet(wd, hidden, id_type, sum(s["texts"] for s in manifest["shards"]))
+        why = _check_parquet(wd, layout, id_type, sum(s["texts"] for s in manifest["shards"]))
         if why:
             raise ValueError(f"embed: the output in {str(wd)!r} does not open as one table: {why}")
         with _writing(f"rename the finished output to {out.name!r}", out.parent):
             os.replace(wd, out)
         return
+    if layout.output != "dense":
+        raise ValueError(f"embed: output={layout.output!r} writes ragged rows: out must be a .parquet folder")
+    hidden = layout.width
     save_manifest(wd, manifest)
     total = sum(s["rows_read"] for s in manifest["shards"])
     tmp = out.with_name(out.name + ".tmp")
