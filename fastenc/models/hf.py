@@ -22,6 +22,10 @@ ViT, DeiT). On the others (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, GTE,
 Jina-v3) gradient_checkpointing_enable() is honoured: each layer transformers checkpoints is checkpointed in
 fastenc's layer loop the same way.
 
+A two-tower model (CLIPModel, SiglipModel) returns CLIPOutput / SiglipOutput (the loss with return_loss=True),
+and its get_text_features / get_image_features run on fastenc too (transformers' BaseModelOutputWithPooling, the
+embedding as pooler_output), falling back the same way.
+
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
 give transformers' pooled output. Hidden states and token logits at other padded positions are zeros. A
