@@ -12,7 +12,8 @@ pooler_output = the projected embedding, not normalized), as transformers 5's ge
 model.encode(texts) / model.encode(images=pixel_values) -> those projected embeddings (fp32, normalize= optional),
 as sentence-transformers' CLIP module gives them. The towers are the tower files' modules (text_model,
 vision_model); parameter names: text_model.*, vision_model.* (the towers'), text_projection, visual_projection,
-logit_scale, under the same names in transformers (the towers' names inside them). The shared two-tower machinery
+logit_scale, under the same names in transformers (the towers' names inside them); PEFT LoRA adapters of the
+transformers model load onto both towers (load_lora, merged or not). The shared two-tower machinery
 here (the config, forward, features, encode) also serves SigLIP (fastenc.models.siglip).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import Linear
+from fastenc.lora import LoraMixin
 from fastenc.models import clip_text, clip_vision
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, finish_embeddings
@@ -113,7 +115,7 @@ class CLIPConfig:
         return out
 
 
-class CLIPModel(QuantMixin, SaveMixin, TextEncoderMixin, nn.Module):
+class CLIPModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
     """Both towers, their projections and logit_scale (see the module docstring). Subclasses (SigLIP) change the
     towers (TEXT, VISION), the projections (_project_text / _project_image), the logits and the loss."""
     task = "base"

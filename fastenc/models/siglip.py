@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import Linear
+from fastenc.lora import LoraMixin
 from fastenc.models import losses, siglip_text, siglip_vision
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.clip import CLIPConfig, CLIPModel, under
@@ -78,7 +79,7 @@ class SiglipModel(CLIPModel):
         return -F.logsigmoid(sign * logits_per_text).sum(dim=-1).mean()
 
 
-class SiglipForImageClassification(QuantMixin, SaveMixin, nn.Module):
+class SiglipForImageClassification(QuantMixin, LoraMixin, SaveMixin, nn.Module):
     """logits = classifier(mean over the patch tokens of the vision tower's last hidden state): (batch,
     num_labels) (the hidden state itself, averaged, when num_labels is 0). labels= (batch,) int / float (see
     fastenc.models.losses) -> transformers' ImageClassifierOutput(loss, logits); transformers' loss here takes no

@@ -2,8 +2,8 @@
 hidden 48, 3 heads, patch 7, image 35, projection 20): the joint forward (logits, normalized embeddings, the
 contrastive loss) with right-padded text, get_text_features / get_image_features (transformers 5's
 BaseModelOutputWithPooling fields), gradients of the loss in training, save_pretrained / from_pretrained both ways,
-accelerate (forward, get_*_features, training through transformers' parameters), encode of texts and images, the
-text towers' encode (the model's own text embedding, as sentence-transformers' CLIP module takes it), bad input."""
+accelerate (forward, get_*_features, training through transformers' parameters), encode of texts and images, PEFT
+LoRA on both towers, the text towers' encode (the model's own text embedding, as sentence-transformers' CLIP module takes it), bad input."""
 from __future__ import annotations
 
 import json
@@ -229,3 +229,25 @@ def test_bad_input():
         fe(torch.full((1, 3), 211), _images(1))
     with pytest.raises(ValueError, match="text_config must be a config dict"):
         type(fe.config).from_dict({"text_config": 3})
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_peft_lora_adapter_on_both_towers(tmp_path, merge):
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(_hf.clip(seed=30), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "fc1"]))
+    g = torch.Generator().manual_seed(31)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peft.save_pretrained(tmp_path)
+    fe = fastenc.from_hf(_hf.clip(seed=30))
+    ids = _text([9, 9], seed=33)[0]
+    x = _images(2, seed=32)
+    with torch.no_grad():
+        plain = fe(ids, x).logits_per_text
+        fe.load_lora(tmp_path, merge=merge)
+        ref, out = peft(input_ids=ids, pixel_values=x).logits_per_text, fe(ids, x).logits_per_text
+    assert float((out - plain).abs().max()) > 1e-2
+    _close(out, ref)

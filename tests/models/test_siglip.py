@@ -3,7 +3,7 @@ weights: text tower hidden 36 with a head 48 wide, vision tower hidden 48, 3 hea
 forward (logits with logit_bias, the sigmoid loss) on max_length-padded text without a mask and on left-padded text
 with one, interpolated positions, get_*_features, gradients, save_pretrained / from_pretrained both ways,
 accelerate, encode (texts padded to max_length as SigLIP's processor pads them; images), the classifier with
-labels, bad input."""
+labels, PEFT LoRA on both towers, bad input."""
 from __future__ import annotations
 
 import json
@@ -208,3 +208,25 @@ def test_bad_input():
     assert clf.classifier is None
     with pytest.raises(ValueError, match="labels need a classifier"):
         clf(_images(2), labels=torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
+def test_peft_lora_adapter_on_both_towers(tmp_path, merge):
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(_hf.siglip(seed=30), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "fc1"]))
+    g = torch.Generator().manual_seed(31)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peft.save_pretrained(tmp_path)
+    fe = fastenc.from_hf(_hf.siglip(seed=30))
+    ids = _text([9, 9], seed=33)[0]
+    x = _images(2, seed=32)
+    with torch.no_grad():
+        plain = fe(ids, x).logits_per_text
+        fe.load_lora(tmp_path, merge=merge)
+        ref, out = peft(input_ids=ids, pixel_values=x).logits_per_text, fe(ids, x).logits_per_text
+    assert float((out - plain).abs().max()) > 1e-2
+    _close(out, ref)
