@@ -81,12 +81,12 @@ def _print_architectures() -> None:
     table = architecture.architectures()
     w = max(12, *(len(a) for a in table))
     print()
-    print(f"{'architecture':<{w}}  {'input':<6}  transformers classes (task)")
-    print(f"{'-' * w}  {'-' * 6}  {'-' * 40}")
+    print(f"{'architecture':<{w}}  {'input':<11}  transformers classes (task)")
+    print(f"{'-' * w}  {'-' * 11}  {'-' * 40}")
     for name, spec in table.items():
         heads = ", ".join(f"{hf} ({task})" for task, (_, hf) in spec.heads.items())
         enc = f"; encoder of {', '.join(spec.encoder_of)}" if spec.encoder_of else ""
-        print(f"{name:<{w}}  {spec.modality:<6}  {heads}{enc}")
+        print(f"{name:<{w}}  {spec.modality:<11}  {heads}{enc}")
 
 
 def build_parser() -> argparse.ArgumentParser:

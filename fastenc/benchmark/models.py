@@ -107,6 +107,8 @@ def _model_specs() -> dict[str, ModelSpec]:
 
     out = {}
     for mt, arch in architecture.architectures().items():
+        if arch.modality not in ("text", "vision"):
+            continue  # (a two-tower model, CLIP's or SigLIP's: its towers are benchmarked as architectures)
         name = NAMES.get(mt, f"{mt}-base")
         default = f"{arch.hf_class('base').removesuffix('Model')}Config() defaults"
         size = BASE_SIZES[mt][1] if mt in BASE_SIZES else default

@@ -16,7 +16,10 @@ An Architecture declares:
                  same list maps both directions
   head_prefix    the encoder's attribute prefix inside the transformers head classes ("bert.")
   encoder_of     other transformers classes whose encoder loads as the base model (their own head dropped)
-  modality       "text" (input_ids, packed tokens, a tokenizer.json) or "vision" (pixel_values)
+  modality       "text" (input_ids, packed tokens, a tokenizer.json), "vision" (pixel_values) or "text+vision" (a
+                 two-tower model, CLIPModel / SiglipModel: both, a text tower and a vision tower whose embeddings
+                 meet in one space; its base forward takes input_ids, pixel_values and attention_mask, and the
+                 consumers that run one modality (the corpus job, the server, the benchmarks) leave it out)
   inputs         the transformers forward arguments the fastenc path serves (beyond each head's label names)
   token_types    whether the fastenc text models take token_type_ids (third positional argument)
   legacy_names   (regex, replacement) renames of older checkpoint keys, applied before the map
@@ -51,6 +54,8 @@ _MODULES = (
     "siglip_vision",
     "clip_text",
     "siglip_text",
+    "clip",
+    "siglip",
     "distilbert",
     "electra",
     "roberta",
@@ -64,6 +69,7 @@ _MODULES = (
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
          "image_classification", "image_classification_with_teacher", "image_embedding", "text_embedding")
+MODALITIES = ("text", "vision", "text+vision")
 # The label arguments each head's forward takes (transformers' names).
 LABEL_ARGS = {"base": (), "sequence_classification": ("labels",), "token_classification": ("labels",),
               "question_answering": ("start_positions", "end_positions"), "masked_lm": ("labels",),
@@ -98,9 +104,14 @@ class Architecture:
         if bad or "base" not in self.heads:
             raise ValueError(f"Architecture {self.model_type}: heads must include 'base' and only tasks of {TASKS}, "
                              f"got {sorted(self.heads)}")
-        if self.modality not in ("text", "vision"):
-            raise ValueError(f"Architecture {self.model_type}: modality must be 'text' or 'vision', got "
+        if self.modality not in MODALITIES:
+            raise ValueError(f"Architecture {self.model_type}: modality must be one of {MODALITIES}, got "
                              f"{self.modality!r}")
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The inputs the architecture takes: ("text",), ("vision",) or ("text", "vision")."""
+        return tuple(self.modality.split("+"))
 
     def model_class(self, task: str) -> type:
         if task not in self.heads:

@@ -163,6 +163,21 @@ class TextEncoderMixin:
             object.__setattr__(self, "tokenizer_folder", folder.resolve())
         object.__setattr__(self, "encode_defaults", defaults)
 
+    @property
+    def text_config(self):
+        """The config of the text encoder (the model's own; a two-tower model's text_config)."""
+        return self.config
+
+    @property
+    def text_embedding_dim(self) -> int:
+        """Width of `text_embedding` (encode's pooling='model'): the hidden size unless the model projects."""
+        return self.text_config.hidden_size
+
+    def _pad_tokenized(self, seqs: list[list[int]], max_length: int) -> list[list[int]]:
+        """Token-id lists (of texts, or given) as the model takes them: as they are (SigLIP pads them to
+        max_length)."""
+        return seqs
+
     def _tokenize(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
         if self.tokenizer is None:
             raise ValueError("encode: texts need a tokenizer; load the model with fastenc.from_pretrained(folder) "
@@ -200,8 +215,10 @@ class TextEncoderMixin:
 
         inputs: a string, a list of strings (tokenized with the folder's tokenizer.json), a list of token-id
         lists, or an int tensor (batch, seq) with an optional attention_mask.
-        pooling: 'mean' | 'cls' (default: the folder's sentence-transformers setting, else the architecture's
-        `pooling`, 'mean' for the text encoders);
+        pooling: 'mean' | 'cls' | 'model' (default: the folder's sentence-transformers setting, else the
+        architecture's `pooling`: 'mean' for most text encoders, 'model' for CLIP and SigLIP); 'model' is the text
+        embedding the model itself defines (its `text_embedding`: CLIP's EOS token through text_projection,
+        SigLIP's head on the last token), as sentence-transformers' get_text_features gives it;
         normalize: L2-normalize (default: True if the folder lists a Normalize module).
         dimensions: keep the first `dimensions` columns of each embedding (Matryoshka truncation, 1 <= dimensions
         <= hidden), re-normalized after the cut when `normalize` is on; None keeps them all.
@@ -225,13 +242,17 @@ class TextEncoderMixin:
         if pooling is None:  # the folder's sentence-transformers setting, else the architecture's default
             from fastenc.models.architecture import of_model
             pooling = self.encode_defaults.get("pooling") or of_model(self).pooling
-        if pooling not in ("mean", "cls"):
-            raise ValueError(f"encode: pooling must be 'mean' or 'cls', got {pooling!r}")
+        own = hasattr(self, "text_embedding")
+        if pooling not in ("mean", "cls") and not (pooling == "model" and own):
+            choices = "'mean', 'cls' or 'model'" if own else "'mean' or 'cls'"
+            raise ValueError(f"encode: pooling must be {choices}, got {pooling!r}")
         normalize = self.encode_defaults.get("normalize", False) if normalize is None else bool(normalize)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"encode: batch_size must be a positive int, got {batch_size!r}")
-        dimensions = check_dimensions("encode", dimensions, self.config.hidden_size)
-        limit = max_length or self.encode_defaults.get("max_length") or self.config.max_position_embeddings
+        cfg = self.text_config
+        width = self.text_embedding_dim if pooling == "model" and output == "dense" else cfg.hidden_size
+        dimensions = check_dimensions("encode", dimensions, width)
+        limit = max_length or self.encode_defaults.get("max_length") or cfg.max_position_embeddings
         device = next(self.parameters()).device
         if isinstance(inputs, torch.Tensor):
             seqs = None
@@ -247,6 +268,7 @@ class TextEncoderMixin:
                 seqs = [list(t) for t in inputs]
             else:
                 raise TypeError("encode: inputs must be a str, a list of str, a list of token-id lists or a tensor")
+            seqs = self._pad_tokenized(seqs, int(limit))
             order, batches = make_batches(seqs, batch_size)
         it = batches
         if show_progress and len(batches) > 1:
@@ -263,14 +285,17 @@ class TextEncoderMixin:
             if output == "multi_vector":
                 outs.extend(retrieval.token_vectors(x, batch, proj, skip_first_token))
                 continue
-            emb = batch.mean(x) if pooling == "mean" else batch.first_tokens(x)
+            if pooling == "model":
+                emb = self.text_embedding(x, batch, ids, mask)
+            else:
+                emb = batch.mean(x) if pooling == "mean" else batch.first_tokens(x)
             outs.append(finish_embeddings(emb, normalize, dimensions))
         if output == "sparse":
             return retrieval.restore_order(outs, order)
         if output == "multi_vector":
-            dim = self.config.hidden_size if proj is None else proj[0].shape[0]
+            dim = cfg.hidden_size if proj is None else proj[0].shape[0]
             return retrieval.ragged(retrieval.restore_order(outs, order), dim, device)
-        out = torch.cat(outs) if outs else torch.empty(0, dimensions or self.config.hidden_size, device=device)
+        out = torch.cat(outs) if outs else torch.empty(0, dimensions or width, device=device)
         if order is not None:
             res = torch.empty_like(out)
             res[torch.tensor(order, device=out.device)] = out

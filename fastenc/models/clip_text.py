@@ -8,6 +8,8 @@ embedding space (text_embeds).
 
 Usage: model(input_ids (batch, seq) int, attention_mask=None) -> last hidden state (batch, seq, hidden), zeros at
 padded positions (CLIPTextModel) or text_embeds (batch, projection_dim) (CLIPTextModelWithProjection);
+model.encode(texts) -> the model's text embedding (pooling='model' by default: the EOS token's state, through
+text_projection in CLIPTextModelWithProjection, as sentence-transformers' CLIP module gives it);
 model.hf_forward(ids, mask) -> transformers' output fields. Positions are the columns of the padded rows, as
 transformers' default position_ids. A pooled column that is padding is refused (ValueError naming input_ids).
 Parameter names: embeddings.{word,position}, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.fc1,mlp.fc2}, norm,
@@ -139,6 +141,11 @@ class CLIPTextModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Modul
         hidden = batch.pad(x)
         return {"last_hidden_state": hidden, "pooler_output": self.pool(hidden, input_ids, attention_mask)}
 
+    def text_embedding(self, x: torch.Tensor, batch, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """The model's text embedding from the packed final states x (total, hidden) of the padded batch input_ids
+        (batch, seq): pool() (the EOS token's state; encode's pooling='model') -> (batch, text_embedding_dim)."""
+        return self.pool(batch.pad(x), input_ids, attention_mask)
+
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, return_packed: bool = False):
         x, batch = self._encode(input_ids, attention_mask, token_type_ids)
         return (x, batch) if return_packed else batch.pad(x)
@@ -157,6 +164,14 @@ class CLIPTextModelWithProjection(CLIPTextModel):
         out = super().hf_forward(input_ids, attention_mask)
         return {"text_embeds": self.text_projection(out["pooler_output"]),
                 "last_hidden_state": out["last_hidden_state"]}
+
+    @property
+    def text_embedding_dim(self) -> int:
+        return self.config.projection_dim
+
+    def text_embedding(self, x: torch.Tensor, batch, input_ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """text_embeds: text_projection(the EOS token's state) -> (batch, projection_dim)."""
+        return self.text_projection(super().text_embedding(x, batch, input_ids, attention_mask))
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         if token_type_ids is not None:
@@ -208,6 +223,7 @@ ARCHITECTURE = Architecture(
     token_types=False,
     hf_config=lambda cfg: cfg.hf_fields(),
     lora_targets=("q_proj", "v_proj"),
+    pooling="model",
     base_output="BaseModelOutputWithPooling",
     head_outputs={"text_embedding": "transformers.models.clip.modeling_clip:CLIPTextModelOutput"},
     tiny_config=tiny_config,

@@ -22,6 +22,10 @@ ViT, DeiT). On the others (BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT, GTE,
 Jina-v3) gradient_checkpointing_enable() is honoured: each layer transformers checkpoints is checkpointed in
 fastenc's layer loop the same way.
 
+A two-tower model (CLIPModel, SiglipModel) returns CLIPOutput / SiglipOutput (the loss with return_loss=True),
+and its get_text_features / get_image_features run on fastenc too (transformers' BaseModelOutputWithPooling, the
+embedding as pooler_output), falling back the same way.
+
 Outputs follow transformers where they are defined by it: poolers and CLS pooling read column 0 even when it is
 padding (a padded query over the row's real tokens, computed by fastenc.models.columns), so left-padded batches
 give transformers' pooled output. Hidden states and token logits at other padded positions are zeros. A
@@ -116,7 +120,7 @@ def _reasons(self, a: dict, arch: str) -> list[str]:
         out.append(f"gradient checkpointing (gradient_checkpointing_enable()) is not supported for {arch} in "
                    f"training")
     mask = a.get("attention_mask")
-    text = architecture.get(arch).modality == "text"
+    text = "text" in architecture.get(arch).modalities
     if text and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
         out.append(f"attention_mask of shape {tuple(getattr(mask, 'shape', ()))} is not supported (only "
                    f"(batch, seq))")
@@ -196,6 +200,8 @@ def _run(self, fe, arch: str, task: str, a: dict):
     out_cls = _output_type(arch, task)
     spec = architecture.get(arch)
     labels = {k: a[k] for k in architecture.LABEL_ARGS[task] if a.get(k) is not None}
+    if spec.modality == "text+vision":
+        return _run_two_towers(fe, task, out_cls, a, labels)
     if spec.modality == "vision":
         pv = a.get("pixel_values")
         if task == "base":
@@ -235,6 +241,57 @@ def _run(self, fe, arch: str, task: str, a: dict):
         pooler = getattr(fe, "pooler", None)
         return out_cls(last_hidden_state=hidden, pooler_output=torch.tanh(pooler(first)) if pooler is not None else None)
     return out_cls(last_hidden_state=hidden)
+
+
+def _run_two_towers(fe, task: str, out_cls, a: dict, labels: dict):
+    """A two-tower model's call (CLIPModel, SiglipModel: CLIPOutput / SiglipOutput with each tower's
+    BaseModelOutputWithPooling) or its image classifier's (ImageClassifierOutput)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    pv = a.get("pixel_values")
+    interp = {"interpolate_pos_encoding": True} if a.get("interpolate_pos_encoding") else {}
+    if task == "image_classification":
+        return fe(pv, **labels, **interp) if labels else out_cls(logits=fe(pv, **interp))
+    out = fe(a.get("input_ids"), pv, a.get("attention_mask"), return_loss=bool(a.get("return_loss")), **interp)
+    fields = out._asdict()
+    for k in ("text_model_output", "vision_model_output"):
+        fields[k] = BaseModelOutputWithPooling(**fields[k]._asdict())
+    return out_cls(**fields)
+
+
+def _fast_features(self, kind: str, *args, **kwargs):
+    """get_text_features / get_image_features of an accelerated two-tower model: the tower on fastenc, as
+    transformers' BaseModelOutputWithPooling (pooler_output: the embedding), or transformers' own method (with a
+    FallbackWarning) for a call the fastenc path cannot serve."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    method = getattr(type(self).__mro__[1], f"get_{kind}_features")
+    bound = inspect.signature(method).bind(self, *args, **kwargs)
+    a = dict(bound.arguments)
+    a.pop("self", None)
+    a.update(a.pop("kwargs", {}) or {})
+    arch = type(self)._fastenc_kind[0]
+    allowed = {"text": {"input_ids", "attention_mask"}, "image": {"pixel_values", "interpolate_pos_encoding"}}[kind]
+    reasons = [r for r in _reasons(self, a, arch)]
+    reasons += [f"{k} is not supported in get_{kind}_features" for k, v in a.items()
+                if k not in allowed | {"return_dict"} and v is not None and v is not False
+                and not any(k in r for r in reasons)]
+    if reasons:
+        _warn(self, reasons)
+        return method(self, *args, **kwargs)
+    fe = self.__dict__["_fastenc"]
+    if fe.training != self.training:
+        fe.train(self.training)
+    with _weights(self, fe):
+        if kind == "text":
+            f = fe.get_text_features(a.get("input_ids"), a.get("attention_mask"))
+        else:
+            f = fe.get_image_features(a.get("pixel_values"), bool(a.get("interpolate_pos_encoding")))
+    out = BaseModelOutputWithPooling(last_hidden_state=f.last_hidden_state, pooler_output=f.pooler_output)
+    return_dict = a.get("return_dict")
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
+    return out if return_dict else out.to_tuple()
 
 
 def _wrap(out_cls, task: str, logits):
@@ -340,8 +397,12 @@ def accelerate(hf_model, copy: bool = False):
 
     forward.__signature__ = sig
     forward.__doc__ = base.forward.__doc__
+    methods = {"forward": forward}
+    if architecture.get(SUPPORTED[name][0]).modality == "text+vision" and SUPPORTED[name][1] == "base":
+        for kind in ("text", "image"):  # (the towers' embeddings: what sentence-transformers calls)
+            methods[f"get_{kind}_features"] = _features_method(base, kind)
     cls = type(base.__name__, (base,), {
-        "forward": forward, "_apply": _apply, "_fastenc_kind": SUPPORTED[name], "_fastenc_signature": sig,
+        **methods, "_apply": _apply, "_fastenc_kind": SUPPORTED[name], "_fastenc_signature": sig,
         "__module__": base.__module__, "__qualname__": base.__qualname__,
     })
     obj = cls.__new__(cls)
@@ -355,6 +416,19 @@ def accelerate(hf_model, copy: bool = False):
     obj.__dict__["_fastenc_entries"] = architecture.get(arch).entries(fe.config, task)
     obj.__dict__["_fastenc_versions"] = {}
     return obj
+
+
+def _features_method(base, kind: str):
+    """get_<kind>_features for the accelerated class: base's signature and doc, run by _fast_features."""
+    original = getattr(base, f"get_{kind}_features")
+
+    def method(self, *args, **kwargs):
+        return _fast_features(self, kind, *args, **kwargs)
+
+    method.__signature__ = inspect.signature(original)
+    method.__doc__ = original.__doc__
+    method.__name__ = original.__name__
+    return method
 
 
 def _derived(fe):

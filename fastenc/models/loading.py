@@ -123,7 +123,7 @@ def from_hf(hf_model, copy: bool = True):
     cfg = spec.config.from_dict(d, **extra)
     model = build(arch, task, cfg, hf_model.state_dict(), spec.prefix(task), copy=copy)
     folder = getattr(hf_model, "name_or_path", None) or getattr(hf_model.config, "_name_or_path", None)
-    if folder and spec.modality == "text" and Path(folder).is_dir():
+    if folder and "text" in spec.modalities and hasattr(model, "load_tokenizer") and Path(folder).is_dir():
         model.load_tokenizer(folder)
     return model
 
@@ -213,8 +213,9 @@ def from_pretrained(path, device=None, dtype=None):
     if dtype is None:
         dtype = torch.float32 if dev.type == "cpu" else torch.float16
     model = build(arch, task, cfg, state, prefix, copy=False, device=dev, dtype=dtype)
-    if spec.modality == "text":
+    if "text" in spec.modalities and hasattr(model, "load_tokenizer"):  # (not an image-only head of a two-tower one)
         model.load_tokenizer(folder)
+    if spec.modality == "text":
         from fastenc.models.bge_m3 import load_heads
 
         load_heads(model, folder)  # BGE-M3's sparse / colbert heads, where the folder has them

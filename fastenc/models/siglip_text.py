@@ -5,7 +5,9 @@ hidden state), the last column as transformers takes it (SigLIP was trained on m
 mask, so that column is usually a pad token and a real token of the sequence).
 
 Usage: model(input_ids (batch, seq) int, attention_mask=None) -> last hidden state (batch, seq, hidden), zeros at
-padded positions; model.hf_forward(ids, mask) -> {last_hidden_state, pooler_output (batch, projection_size)}. A
+padded positions; model.hf_forward(ids, mask) -> {last_hidden_state, pooler_output (batch, projection_size)}; model.encode(texts) ->
+pooler_output, the texts padded with pad_token_id to max_length (default: the position table) as SigLIP's
+processor pads them with padding="max_length" (pooling='model'; sentence-transformers' get_text_features). A
 mask whose last column is padding is refused (ValueError naming attention_mask): transformers pools that padded
 position, which fastenc's packed tokens do not compute. Parameter names: clip_text's plus head; transformers 5
 names: embeddings.{token,position}_embedding.weight, encoder.layers.N.self_attn.{q,k,v,out}_proj, layer_norm1/2,
@@ -66,6 +68,20 @@ class SiglipTextModel(clip_text.CLIPTextModel):
         return self.head(hidden[:, -1].contiguous())
 
 
+    @property
+    def text_embedding_dim(self) -> int:
+        return self.config.projection_size
+
+    def _pad_tokenized(self, seqs: list[list[int]], max_length: int) -> list[list[int]]:
+        """Each text's ids padded with pad_token_id to max_length, as SigLIP's processor does with
+        padding="max_length" (how SigLIP was trained: no mask, the pooled last column a pad token)."""
+        pad = self.config.pad_token_id
+        if pad is None:
+            raise ValueError(f"{type(self).__name__}: encode pads texts to max_length with config.pad_token_id, "
+                             f"which is None")
+        return [list(s) + [pad] * (max_length - len(s)) for s in seqs]
+
+
 def weight_map(cfg: SiglipTextConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every tensor of the tower (prefix: "text_model." where a class holds
     the tower)."""
@@ -94,6 +110,7 @@ ARCHITECTURE = Architecture(
     token_types=False,
     hf_config=lambda cfg: cfg.hf_fields(),
     lora_targets=("q_proj", "v_proj"),
+    pooling="model",
     base_output="BaseModelOutputWithPooling",
     tiny_config=tiny_config,
 )

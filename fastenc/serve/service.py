@@ -85,6 +85,10 @@ class Service:
                                     self.limits.max_input_length or positions)
         self.vocab_size = int(cfg.vocab_size)
         self.pooling = model.encode_defaults.get("pooling") or spec.pooling
+        if self.pooling not in ("mean", "cls"):  # (CLIP's and SigLIP's own text embedding: encode(), not served)
+            raise ValueError(f"serve: {folder} holds a {type(model).__name__} whose embedding is its own pooled "
+                             f"output (pooling {self.pooling!r}); the server pools 'mean' or 'cls' (a folder's "
+                             f"1_Pooling/config.json chooses one)")
         self.normalize_default = bool(model.encode_defaults.get("normalize", False))
         self.num_labels = int(getattr(cfg, "num_labels", 0) or 0)
         labels = getattr(cfg, "id2label", None) or {}

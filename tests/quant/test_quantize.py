@@ -17,6 +17,12 @@ CASES = [pytest.param(mt, task, id=f"{mt}-{task}") for mt, arch in architectures
 
 
 def _inputs(arch, hf):
+    if arch.modality == "text+vision":  # (a two-tower model: ids and images; its image classifier: images)
+        size = hf.config.vision_config.image_size
+        images = testing.randn(3, 3, size, size)
+        if hf.task == "image_classification":
+            return (images,)
+        return torch.randint(3, 200, (3, 37), generator=testing.generator()), images
     if arch.modality == "vision":
         size = hf.config.image_size
         return (testing.randn(3, 3, size, size),)
@@ -32,6 +38,8 @@ def _main(out) -> torch.Tensor:
     """The first tensor of a model's output (hidden states, logits, start logits)."""
     if isinstance(out, torch.Tensor):
         return out
+    if hasattr(out, "text_embeds"):  # (a two-tower model's output: both embeddings)
+        return torch.cat([out.text_embeds, out.image_embeds])
     first = out.logits if getattr(out, "logits", None) is not None else out[0]
     return first[0] if isinstance(first, tuple) else first
 
