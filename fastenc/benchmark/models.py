@@ -6,9 +6,12 @@ against transformers; fastenc.benchmark.onnx_export's unfused dynamo export only
 quantize="int8" times int8 inference instead (fastenc.benchmark.int8_models: fastenc fp32 and fastenc.quantize'd,
 transformers sdpa, the int8 peers) and measures each provider's accuracy against fp32 transformers.
 
-Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
-[16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
-sequence with an attention mask, as transformers users run it). Throughput counts real tokens only.
+Workloads (`workloads`): fixed (8 x 128 tokens; 8 images at the model's image size for the vision models) and
+variable-length (16 sequences, lengths uniform in [16, 384] drawn with torch.Generator().manual_seed(0)) where
+they fit the model's positions; captions (32 texts, lengths uniform in [5, 77], seed 0) for the short-text towers
+(CLIP / SigLIP text); long (one 8,192-token text) for the models that accept 8,192 positions (not by default with
+quick). Baselines get a batch padded to its longest sequence with an attention mask, as transformers users run it.
+Throughput counts real tokens only.
 Batch-1 latency (1 x 16 and 1 x 128 tokens, or 1 image) p50/p95 in rows of their own (`latency_rows`: time
 ratios to each baseline, of the p50s and paired, with the paired ratio's 20-80% spread), peak memory of one
 fixed-workload call, throughput ratios to baselines: of the medians, and paired (the median of the per-round
@@ -49,6 +52,31 @@ class ModelSpec:
     folder: Callable[[], str] | None = None  # a checkpoint's folder (its tokenizer), for real-weight models
 
 
+# The original hub configs of gte-base-en-v1.5 and nomic-embed-text-v1.5 (their sizes and RoPE; the keys fastenc's
+# loader translates, fastenc.models.hub_configs, as fastenc.from_pretrained reads such folders).
+GTE_BASE_EN_V15 = {"architectures": ["NewModel"], "model_type": "new", "vocab_size": 30528, "hidden_size": 768,
+                   "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
+                   "max_position_embeddings": 8192, "type_vocab_size": 0, "layer_norm_eps": 1e-12,
+                   "layer_norm_type": "layer_norm", "position_embedding_type": "rope", "rope_theta": 500000,
+                   "rope_scaling": {"type": "ntk", "factor": 2.0}, "pack_qkv": True, "pad_token_id": 0}
+NOMIC_EMBED_TEXT_V15 = {"architectures": ["NomicBertModel"], "model_type": "nomic_bert", "vocab_size": 30528,
+                        "n_embd": 768, "n_head": 12, "n_layer": 12, "n_inner": 3072, "n_positions": 8192,
+                        "type_vocab_size": 2, "layer_norm_epsilon": 1e-12, "activation_function": "swiglu",
+                        "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+                        "rotary_scaling_factor": None, "qkv_proj_bias": False, "mlp_fc1_bias": False,
+                        "mlp_fc2_bias": False, "prenorm": False}
+_SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+              "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "rope_parameters", "pad_token_id")
+
+
+def _hub_sizes(original: dict) -> dict:
+    """The transformers config settings of an original hub config (fastenc.models.hub_configs.translate)."""
+    from fastenc.models import hub_configs
+
+    d = hub_configs.translate(original)
+    return {k: d[k] for k in _SIZE_KEYS if k in d}
+
+
 # Base-size settings where transformers' default config of an architecture is not its base checkpoint's, and the
 # benchmark names that are not "<model_type>-base"; every other architecture of the table runs at its defaults.
 BASE_SIZES = {
@@ -62,8 +90,19 @@ BASE_SIZES = {
                    "layer_norm_eps": 1e-5}, "CamembertConfig(vocab 32005, 514 positions, 1 token type, pad 1)"),
     "albert": ({"embedding_size": 128, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
                "albert-base-v2 shape (embedding 128, hidden 768, 12 layers sharing one block)"),
+    "gte": (_hub_sizes(GTE_BASE_EN_V15), "gte-base-en-v1.5 config (hidden 768, 12 layers, 12 heads, intermediate "
+            "3072, vocab 30528, no token types, 8192 positions, RoPE theta 500000 with fixed NTK scaling x2)"),
+    "nomic_bert": (_hub_sizes(NOMIC_EMBED_TEXT_V15), "nomic-embed-text-v1.5 config (hidden 768, 12 layers, 12 heads, "
+                   "SwiGLU intermediate 3072, vocab 30528, 8192 positions, RoPE theta 1000)"),
+    "dinov2": ({"image_size": 224, "patch_size": 14}, "DINOv2-base (patch 14, 224x224: 256 patches + CLS)"),
+    "clip_vision_model": ({"image_size": 224, "patch_size": 16}, "CLIP ViT-B/16 vision tower (hidden 768, 12 layers, "
+                          "patch 16, 224x224: 196 patches + CLS)"),
+    "clip_text_model": ({"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+                         "num_attention_heads": 8, "max_position_embeddings": 77},
+                        "CLIP ViT-B/16 text tower (hidden 512, 12 layers, 8 heads, 77 positions, vocab 49408)"),
 }
-NAMES = {"vit": "vit-b16"}
+NAMES = {"vit": "vit-b16", "nomic_bert": "nomic-bert-base", "clip_vision_model": "clip-vit-b16",
+         "clip_text_model": "clip-text-b16"}
 
 
 def hf_class(arch, task: str = "base"):
@@ -134,17 +173,68 @@ def image_batch(n: int, size: int = 224, seed: int = 0) -> dict:
     return {"pixel_values": torch.randn(n, 3, size, size, generator=g)}
 
 
-def workloads(spec: ModelSpec, vocab: int) -> dict[str, tuple[dict, int, str]]:
-    """name -> (inputs, useful units (tokens or images), description)."""
+LONG_TOKENS = 8192  # the long workload: one text of this many tokens (models that accept that many positions)
+CAPTIONS = 32, 5, 77  # the captions workload: 32 texts, lengths uniform in [5, 77] (capped at the model's positions)
+THROUGHPUT = ("fixed", "varlen", "captions", "long")  # the throughput workloads, in the order they run
+ROUNDS = {"long": 5}  # timed rounds of a throughput workload where not THROUGHPUT_ROUNDS (full mode)
+
+
+def caption_lengths(n: int = CAPTIONS[0], lo: int = CAPTIONS[1], hi: int = CAPTIONS[2], seed: int = 0) -> list[int]:
+    """The captions workload's lengths: n uniform in [lo, hi], torch.Generator().manual_seed(seed)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+
+
+def workloads(spec: ModelSpec, vocab: int, positions: int | None = None, image_size: int = 224,
+              only: list[str] | None = None, quick: bool = False,
+              not_run: dict | None = None) -> dict[str, tuple[dict, int, str]]:
+    """name -> (inputs, useful units (tokens or images), description) of what `spec` runs.
+
+    Vision: fixed (8 images) and batch-1 latency (1 image), at the model's image_size. Text: the batch-1 latency
+    workloads (1 x 16 tokens; 1 x 128, or 1 x positions for a model with fewer), and those of the throughput
+    workloads asked for in `only` (None: the defaults) that fit the model's `positions` (None: any length):
+      fixed     8 x 128 tokens                                   default where it fits
+      varlen    16 texts, lengths U[16, 384] (seed 0)            default where it fits
+      captions  32 texts, lengths U[5, 77] (seed 0; at most positions)   default for models of < 128 positions
+      long      one LONG_TOKENS-token text                       default (not with quick) where it fits
+    A workload asked for (or a default) that does not fit goes to `not_run` (workload -> why)."""
+    not_run = {} if not_run is None else not_run
     if spec.kind == "vision":
-        return {"fixed": (image_batch(8), 8, "8 images 224x224"),
-                "latency": (image_batch(1, seed=1), 1, "1 image")}
+        s = image_size
+        out = {"latency": (image_batch(1, s, seed=1), 1, "1 image")}
+        if only is None or "fixed" in only:
+            out["fixed"] = (image_batch(8, s), 8, f"8 images {s}x{s}")
+        not_run.update({w: "a text workload" for w in only or () if w in THROUGHPUT and w != "fixed"})
+        return out
+    cap = positions if positions else math.inf
+    lat = int(min(128, cap))
+    out = {"latency": (text_batch([lat], vocab, seed=1), lat, f"1 x {lat} tokens"),
+           "latency-1x16": (text_batch([16], vocab, seed=2), 16, "1 x 16 tokens")}
     lens = varlen_lengths()
-    return {"fixed": (text_batch([128] * 8, vocab), 8 * 128, "8 x 128 tokens"),
-            "varlen": (text_batch(lens, vocab), sum(lens), f"16 seqs, lengths U[16,384] seed 0 "
-                       f"(sum {sum(lens)}, longest {max(lens)})"),
-            "latency": (text_batch([128], vocab, seed=1), 128, "1 x 128 tokens"),
-            "latency-1x16": (text_batch([16], vocab, seed=2), 16, "1 x 16 tokens")}
+    hi = int(min(CAPTIONS[2], cap))
+    caps = caption_lengths(hi=hi)
+    cand = {"fixed": (lambda: (text_batch([128] * 8, vocab), 8 * 128, "8 x 128 tokens"), 128),
+            "varlen": (lambda: (text_batch(lens, vocab), sum(lens), f"16 seqs, lengths U[16,384] seed 0 "
+                                f"(sum {sum(lens)}, longest {max(lens)})"), max(lens)),
+            "captions": (lambda: (text_batch(caps, vocab, seed=5), sum(caps),
+                                  f"{len(caps)} captions, lengths U[{CAPTIONS[1]},{hi}] seed 0 (sum {sum(caps)}, "
+                                  f"longest {max(caps)})"), max(caps)),
+            "long": (lambda: (text_batch([LONG_TOKENS], vocab, seed=4), LONG_TOKENS, f"1 x {LONG_TOKENS} tokens"),
+                     LONG_TOKENS)}
+    if only is None:
+        want = {"fixed", "varlen"} | ({"captions"} if cap < 128 else set())
+        want |= {"long"} if cap >= LONG_TOKENS and not quick else set()
+    else:
+        want = set(only)
+    for w, (make, longest) in cand.items():
+        if w not in want:
+            continue
+        if longest > cap:
+            not_run[w] = f"its longest text ({longest} tokens) exceeds the model's {positions} positions"
+            continue
+        out[w] = make()
+    return out
+
 
 LATENCY = ("latency-1x16", "latency")  # the batch-1 workloads, timed first (they warm every provider up)
 
@@ -334,7 +424,8 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
               texts: list[str] | None = None) -> dict:
     """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'latency_rows', 'breakdown',
     'skipped', 'errors', 'failed', 'provider_info'} ('failed': fastenc's own providers that could not be built or
-    run, which fail the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the
+    run, which fail the benchmark). only: the throughput workloads to run (of THROUGHPUT; default: the model's,
+    see `workloads`; 'workloads_not_run' says which asked for did not fit and why); the
     batch-1 latency workloads always run. rounds: timed batch-1 rounds (default 5 quick, else 20 and more up to 5 s,
     at most 50). quantize "int8": ratios against fastenc fp32 and the best int8 peer, then 'accuracy'
     (int8_models.accuracy on `texts`, docstring passages; None: read them) and 'int8' (the int8 path)."""
@@ -350,7 +441,9 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed, info)
         step("check outputs")
         errors = verify(spec, hf, fns, skipped, device, failed)
-        loads = {w: v for w, v in workloads(spec, vocab).items() if only is None or w in only or w in LATENCY}
+        not_run: dict[str, str] = {}
+        loads = workloads(spec, vocab, getattr(hf.config, "max_position_embeddings", None),
+                          getattr(hf.config, "image_size", 224), only, quick, not_run)
         rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
                                                 breakdown and device == "cpu", rounds,
                                                 int8_models.BASELINES if int8 else BASELINES,
@@ -370,7 +463,7 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
     for r in rows + lat_rows:
         r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
     out = {"model": spec.name, "note": spec.note, "rows": rows, "latency_rows": lat_rows, "breakdown": parts,
-           "skipped": skipped, "errors": errors, "failed": failed, "provider_info": info}
+           "skipped": skipped, "errors": errors, "failed": failed, "provider_info": info, "workloads_not_run": not_run}
     if int8:
         int8_models.annotate(rows, lat_rows, accuracy)
         out.update(accuracy=accuracy, int8=int8_models.model_info())
@@ -403,8 +496,9 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                 for w, samples in lats.items() for name, s in samples.items()]
     parts = model_breakdown.batch1(bind, lats, quick) if breakdown else {}
     mem: dict[str, float] = {}
+    mem_load = next((w for w in THROUGHPUT if w in loads), None)  # fixed, else the first throughput workload
     per = {}
-    for w in ("fixed", "varlen"):
+    for w in THROUGHPUT:
         if w not in loads:
             continue
         step(f"{w} workload")
@@ -412,11 +506,11 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
         for name in calls:  # torch.compile specializes on shapes: compile for this workload outside the timing
             if name == "hf-compile":
                 calls[name]()
-        if w == "fixed":  # peak memory of one call per provider, untimed: it starts from emptied caches and
+        if w == mem_load:  # peak memory of one call per provider, untimed: it starts from emptied caches and
             for name, call in calls.items():  # heap, which a timed sample must not (it would time the refill)
                 mem[name] = timing.peak_memory(call, device)[0]
         per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
-                                    repeats=2 if quick else THROUGHPUT_ROUNDS, on_round=tick)
+                                    repeats=2 if quick else ROUNDS.get(w, THROUGHPUT_ROUNDS), on_round=tick)
     if breakdown:
         parts.update(model_breakdown.throughput(bind, per, quick))
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
@@ -429,7 +523,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
             row = {"model": spec.name, "workload": w, "workload_desc": desc, "provider": name, **st.as_dict(),
                    "throughput": thr[name], "unit": unit, "useful_units": units,
                    "latency_p50_ms": timing.percentile(lat[name], 0.5), "latency_p95_ms": timing.percentile(lat[name], 0.95),
-                   "peak_mem_mib": mem.get(name)}
+                   "peak_mem_mib": mem.get(name), "peak_mem_workload": mem_load}
             for b, key in _against(baselines, best):
                 if b in thr and b != name:
                     row[f"ratio_vs_{key}"] = thr[name] / thr[b]
