@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from fastenc.benchmark import int8_accuracy, int8_models, int8_report, isolated, latency, options, report
+from fastenc.benchmark import (int8_accuracy, int8_models, int8_report, isolated, latency, model_workloads, options,
+                               report)
 from fastenc.benchmark import models as _models
 from fastenc.benchmark.options import UsageError
 
@@ -110,7 +111,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     the batch-1 latency always runs). quantize "int8": the int8
     providers (int8_models.PROVIDERS unless `providers`), ratios against fastenc fp32 and the best int8 peer, and
     each provider's accuracy on `passages` docstring passages (default 2000, quick 200)."""
-    known = _models.THROUGHPUT + ("latency",)
+    known = model_workloads.THROUGHPUT + ("latency",)
     bad = sorted(set(workloads or ()) - set(known))
     if bad:
         raise UsageError(f"--workloads: unknown {bad}; known: {', '.join(known)}")
@@ -134,10 +135,9 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     meta["workloads"] = {"fixed": "8 x 128 tokens (vision: 8 images at the model's image size)",
                          "varlen": "16 sequences, lengths uniform in [16, 384], torch.Generator().manual_seed(0); "
                                    "baselines run the batch padded to its longest sequence; tokens/s counts real tokens",
-                         "captions": f"{_models.CAPTIONS[0]} texts, lengths uniform in [{_models.CAPTIONS[1]}, "
-                                     f"{_models.CAPTIONS[2]}] (at most the model's positions), seed 0; the short-text "
-                                     "towers (CLIP / SigLIP text) by default",
-                         "long": f"one {_models.LONG_TOKENS}-token text, for the models that accept that many "
+                         "captions": "{} texts, lengths uniform in [{}, {}] (at most the model's positions), seed 0; "
+                                     "the short-text towers (CLIP / SigLIP text) by default".format(*model_workloads.CAPTIONS),
+                         "long": f"one {model_workloads.LONG_TOKENS}-token text, for the models that accept that many "
                                  "positions (not by default with --quick)",
                          "latency": "batch 1: 1 x 128 tokens (fewer positions: 1 x positions; vision: 1 image), p50/p95",
                          "latency-1x16": "batch 1: 1 x 16 tokens, p50/p95"}
@@ -145,7 +145,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     meta["process_per_model"] = isolate
     t0 = time.perf_counter()
     results = []
-    steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in _models.THROUGHPUT[:2]
+    steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in model_workloads.THROUGHPUT[:2]
                                                              if workloads is None or w in workloads]
     texts = None
     if quantize:

@@ -35,7 +35,8 @@ from typing import Callable
 import torch
 
 from fastenc.benchmark import int8_models, int8_peers, int8_report, model_breakdown, onnx_export, timing
-from fastenc.benchmark.ops._common import varlen_lengths
+from fastenc.benchmark.hub_sizes import GTE_BASE_EN_V15, NOMIC_EMBED_TEXT_V15, hub_sizes
+from fastenc.benchmark.model_workloads import LATENCY, ROUNDS, THROUGHPUT, image_batch, text_batch, workloads
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
 BASELINES = ("hf-eager", "hf-sdpa", "hf-compile", "onnxruntime")
@@ -52,31 +53,6 @@ class ModelSpec:
     folder: Callable[[], str] | None = None  # a checkpoint's folder (its tokenizer), for real-weight models
 
 
-# The original hub configs of gte-base-en-v1.5 and nomic-embed-text-v1.5 (their sizes and RoPE; the keys fastenc's
-# loader translates, fastenc.models.hub_configs, as fastenc.from_pretrained reads such folders).
-GTE_BASE_EN_V15 = {"architectures": ["NewModel"], "model_type": "new", "vocab_size": 30528, "hidden_size": 768,
-                   "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
-                   "max_position_embeddings": 8192, "type_vocab_size": 0, "layer_norm_eps": 1e-12,
-                   "layer_norm_type": "layer_norm", "position_embedding_type": "rope", "rope_theta": 500000,
-                   "rope_scaling": {"type": "ntk", "factor": 2.0}, "pack_qkv": True, "pad_token_id": 0}
-NOMIC_EMBED_TEXT_V15 = {"architectures": ["NomicBertModel"], "model_type": "nomic_bert", "vocab_size": 30528,
-                        "n_embd": 768, "n_head": 12, "n_layer": 12, "n_inner": 3072, "n_positions": 8192,
-                        "type_vocab_size": 2, "layer_norm_epsilon": 1e-12, "activation_function": "swiglu",
-                        "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
-                        "rotary_scaling_factor": None, "qkv_proj_bias": False, "mlp_fc1_bias": False,
-                        "mlp_fc2_bias": False, "prenorm": False}
-_SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-              "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "rope_parameters", "pad_token_id")
-
-
-def _hub_sizes(original: dict) -> dict:
-    """The transformers config settings of an original hub config (fastenc.models.hub_configs.translate)."""
-    from fastenc.models import hub_configs
-
-    d = hub_configs.translate(original)
-    return {k: d[k] for k in _SIZE_KEYS if k in d}
-
-
 # Base-size settings where transformers' default config of an architecture is not its base checkpoint's, and the
 # benchmark names that are not "<model_type>-base"; every other architecture of the table runs at its defaults.
 BASE_SIZES = {
@@ -90,9 +66,9 @@ BASE_SIZES = {
                    "layer_norm_eps": 1e-5}, "CamembertConfig(vocab 32005, 514 positions, 1 token type, pad 1)"),
     "albert": ({"embedding_size": 128, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
                "albert-base-v2 shape (embedding 128, hidden 768, 12 layers sharing one block)"),
-    "gte": (_hub_sizes(GTE_BASE_EN_V15), "gte-base-en-v1.5 config (hidden 768, 12 layers, 12 heads, intermediate "
+    "gte": (hub_sizes(GTE_BASE_EN_V15), "gte-base-en-v1.5 config (hidden 768, 12 layers, 12 heads, intermediate "
             "3072, vocab 30528, no token types, 8192 positions, RoPE theta 500000 with fixed NTK scaling x2)"),
-    "nomic_bert": (_hub_sizes(NOMIC_EMBED_TEXT_V15), "nomic-embed-text-v1.5 config (hidden 768, 12 layers, 12 heads, "
+    "nomic_bert": (hub_sizes(NOMIC_EMBED_TEXT_V15), "nomic-embed-text-v1.5 config (hidden 768, 12 layers, 12 heads, "
                    "SwiGLU intermediate 3072, vocab 30528, 8192 positions, RoPE theta 1000)"),
     "dinov2": ({"image_size": 224, "patch_size": 14}, "DINOv2-base (patch 14, 224x224: 256 patches + CLS)"),
     "clip_vision_model": ({"image_size": 224, "patch_size": 16}, "CLIP ViT-B/16 vision tower (hidden 768, 12 layers, "
@@ -155,88 +131,6 @@ def _model_specs() -> dict[str, ModelSpec]:
 
 
 MODELS = _model_specs()
-
-
-# ---- workloads ----
-
-def text_batch(lengths: list[int], vocab: int, seed: int = 0) -> dict:
-    """Padded (batch, longest) int64 ids (real tokens drawn from [1000, vocab)) and the 0/1 attention mask."""
-    g = torch.Generator().manual_seed(seed)
-    s = max(lengths)
-    ids = torch.randint(1000, vocab, (len(lengths), s), generator=g)
-    mask = (torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]).long()
-    return {"input_ids": ids * mask, "attention_mask": mask}
-
-
-def image_batch(n: int, size: int = 224, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"pixel_values": torch.randn(n, 3, size, size, generator=g)}
-
-
-LONG_TOKENS = 8192  # the long workload: one text of this many tokens (models that accept that many positions)
-CAPTIONS = 32, 5, 77  # the captions workload: 32 texts, lengths uniform in [5, 77] (capped at the model's positions)
-THROUGHPUT = ("fixed", "varlen", "captions", "long")  # the throughput workloads, in the order they run
-ROUNDS = {"long": 5}  # timed rounds of a throughput workload where not THROUGHPUT_ROUNDS (full mode)
-
-
-def caption_lengths(n: int = CAPTIONS[0], lo: int = CAPTIONS[1], hi: int = CAPTIONS[2], seed: int = 0) -> list[int]:
-    """The captions workload's lengths: n uniform in [lo, hi], torch.Generator().manual_seed(seed)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-
-
-def workloads(spec: ModelSpec, vocab: int, positions: int | None = None, image_size: int = 224,
-              only: list[str] | None = None, quick: bool = False,
-              not_run: dict | None = None) -> dict[str, tuple[dict, int, str]]:
-    """name -> (inputs, useful units (tokens or images), description) of what `spec` runs.
-
-    Vision: fixed (8 images) and batch-1 latency (1 image), at the model's image_size. Text: the batch-1 latency
-    workloads (1 x 16 tokens; 1 x 128, or 1 x positions for a model with fewer), and those of the throughput
-    workloads asked for in `only` (None: the defaults) that fit the model's `positions` (None: any length):
-      fixed     8 x 128 tokens                                   default where it fits
-      varlen    16 texts, lengths U[16, 384] (seed 0)            default where it fits
-      captions  32 texts, lengths U[5, 77] (seed 0; at most positions)   default for models of < 128 positions
-      long      one LONG_TOKENS-token text                       default (not with quick) where it fits
-    A workload asked for (or a default) that does not fit goes to `not_run` (workload -> why)."""
-    not_run = {} if not_run is None else not_run
-    if spec.kind == "vision":
-        s = image_size
-        out = {"latency": (image_batch(1, s, seed=1), 1, "1 image")}
-        if only is None or "fixed" in only:
-            out["fixed"] = (image_batch(8, s), 8, f"8 images {s}x{s}")
-        not_run.update({w: "a text workload" for w in only or () if w in THROUGHPUT and w != "fixed"})
-        return out
-    cap = positions if positions else math.inf
-    lat = int(min(128, cap))
-    out = {"latency": (text_batch([lat], vocab, seed=1), lat, f"1 x {lat} tokens"),
-           "latency-1x16": (text_batch([16], vocab, seed=2), 16, "1 x 16 tokens")}
-    lens = varlen_lengths()
-    hi = int(min(CAPTIONS[2], cap))
-    caps = caption_lengths(hi=hi)
-    cand = {"fixed": (lambda: (text_batch([128] * 8, vocab), 8 * 128, "8 x 128 tokens"), 128),
-            "varlen": (lambda: (text_batch(lens, vocab), sum(lens), f"16 seqs, lengths U[16,384] seed 0 "
-                                f"(sum {sum(lens)}, longest {max(lens)})"), max(lens)),
-            "captions": (lambda: (text_batch(caps, vocab, seed=5), sum(caps),
-                                  f"{len(caps)} captions, lengths U[{CAPTIONS[1]},{hi}] seed 0 (sum {sum(caps)}, "
-                                  f"longest {max(caps)})"), max(caps)),
-            "long": (lambda: (text_batch([LONG_TOKENS], vocab, seed=4), LONG_TOKENS, f"1 x {LONG_TOKENS} tokens"),
-                     LONG_TOKENS)}
-    if only is None:
-        want = {"fixed", "varlen"} | ({"captions"} if cap < 128 else set())
-        want |= {"long"} if cap >= LONG_TOKENS and not quick else set()
-    else:
-        want = set(only)
-    for w, (make, longest) in cand.items():
-        if w not in want:
-            continue
-        if longest > cap:
-            not_run[w] = f"its longest text ({longest} tokens) exceeds the model's {positions} positions"
-            continue
-        out[w] = make()
-    return out
-
-
-LATENCY = ("latency-1x16", "latency")  # the batch-1 workloads, timed first (they warm every provider up)
 
 
 def _hidden(out) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastenc import cli
-from fastenc.benchmark import models, retrieval
+from fastenc.benchmark import hub_sizes, model_workloads, models, retrieval
 from fastenc.models import architecture
 
 transformers = pytest.importorskip("transformers")
@@ -41,33 +41,33 @@ def _text_spec(name="t"):
 
 
 def test_workloads_follow_the_models_positions(monkeypatch):
-    monkeypatch.setattr(models, "LONG_TOKENS", 300)
+    monkeypatch.setattr(model_workloads, "LONG_TOKENS", 300)
     spec = _text_spec()
     clip = {}
-    loads = models.workloads(spec, 2000, positions=77, not_run=clip)
+    loads = model_workloads.workloads(spec, 2000, positions=77, not_run=clip)
     assert set(loads) == {"latency", "latency-1x16", "captions"} and set(clip) == {"fixed", "varlen"}
     ids = loads["captions"][0]["attention_mask"]
     lens = ids.sum(1).tolist()
-    assert len(lens) == 32 and all(5 <= n <= 77 for n in lens) and lens == models.caption_lengths()
+    assert len(lens) == 32 and all(5 <= n <= 77 for n in lens) and lens == model_workloads.caption_lengths()
     assert loads["captions"][1] == sum(lens) and loads["latency"][1] == 77
-    assert set(models.workloads(spec, 2000, positions=512, quick=True)) == {"latency", "latency-1x16", "fixed",
+    assert set(model_workloads.workloads(spec, 2000, positions=512, quick=True)) == {"latency", "latency-1x16", "fixed",
                                                                              "varlen"}
-    long = models.workloads(spec, 2000, positions=512)  # the long text fits: a default, except with quick
+    long = model_workloads.workloads(spec, 2000, positions=512)  # the long text fits: a default, except with quick
     assert set(long) == {"latency", "latency-1x16", "fixed", "varlen", "long"}
     assert long["long"][0]["input_ids"].shape == (1, 300) and long["long"][1] == 300
-    assert "long" not in models.workloads(spec, 2000, positions=299)
+    assert "long" not in model_workloads.workloads(spec, 2000, positions=299)
     why = {}
-    assert "long" not in models.workloads(spec, 2000, positions=299, only=["long"], not_run=why)
+    assert "long" not in model_workloads.workloads(spec, 2000, positions=299, only=["long"], not_run=why)
     assert "exceeds the model's 299 positions" in why["long"]
-    vis = models.workloads(models.ModelSpec("v", "vision", lambda: None, ""), 0, image_size=56)
+    vis = model_workloads.workloads(models.ModelSpec("v", "vision", lambda: None, ""), 0, image_size=56)
     assert vis["fixed"][0]["pixel_values"].shape == (8, 3, 56, 56)
 
 
 def _tiny_gte():
     torch.manual_seed(0)
-    d = dict(models.GTE_BASE_EN_V15, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    d = dict(hub_sizes.GTE_BASE_EN_V15, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=96, vocab_size=1500, max_position_embeddings=512)
-    return transformers.GteModel(transformers.GteConfig(**models._hub_sizes(d)))
+    return transformers.GteModel(transformers.GteConfig(**hub_sizes.hub_sizes(d)))
 
 
 def _tiny_clip_text():
@@ -78,7 +78,7 @@ def _tiny_clip_text():
 
 
 def test_models_cli_long_and_captions(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "LONG_TOKENS", 400)
+    monkeypatch.setattr(model_workloads, "LONG_TOKENS", 400)
     monkeypatch.setitem(models.MODELS, "gte-tiny", models.ModelSpec("gte-tiny", "text", _tiny_gte, "tiny", "gte"))
     monkeypatch.setitem(models.MODELS, "clip-text-tiny",
                         models.ModelSpec("clip-text-tiny", "text", _tiny_clip_text, "tiny", "clip_text_model"))
