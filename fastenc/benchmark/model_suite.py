@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from fastenc.benchmark import int8_accuracy, int8_models, int8_report, isolated, latency, options, report
+from fastenc.benchmark import (int8_accuracy, int8_models, int8_report, isolated, latency, model_workloads, options,
+                               report)
 from fastenc.benchmark import models as _models
 from fastenc.benchmark.options import UsageError
 
@@ -29,7 +30,10 @@ def add_arguments(p) -> None:
                       "onnxruntime-int8, torch-dynamic-int8, ctranslate2-int8, ctranslate2-int8_float32, openvino-int8)")
     options.breakdown(p, "where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs alone, "
                       "fastenc's ops, other ops, Python/dispatch), under torch.profiler")
-    options.workloads(p, "comma-separated of fixed, varlen, latency (default: all; batch-1 latency always runs)")
+    options.workloads(p, "comma-separated of fixed, varlen, captions, long, latency (default: each model's: fixed "
+                      "and varlen where they fit its positions, captions for the short-text towers (< 128 "
+                      "positions), long (one 8,192-token text) where it fits, not with --quick; batch-1 latency "
+                      "always runs)")
     options.no_compile(p)
     options.no_plots(p)
     options.quantize(p, "int8: time int8 inference side by side (fastenc fp32, the ratios' baseline, and "
@@ -103,12 +107,14 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
                  rounds: int | None = None, quantize: str | None = None, passages: int | None = None) -> dict:
     """isolate: each model in its own process (default when more than one model runs); breakdown: where the
     batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency); workloads: the throughput
-    workloads to run (fixed, varlen; default both; the batch-1 latency always runs). quantize "int8": the int8
+    workloads to run (fixed, varlen, captions, long; default: each model's, fastenc.benchmark.models.workloads;
+    the batch-1 latency always runs). quantize "int8": the int8
     providers (int8_models.PROVIDERS unless `providers`), ratios against fastenc fp32 and the best int8 peer, and
     each provider's accuracy on `passages` docstring passages (default 2000, quick 200)."""
-    bad = sorted(set(workloads or ()) - {"fixed", "varlen", "latency"})
+    known = model_workloads.THROUGHPUT + ("latency",)
+    bad = sorted(set(workloads or ()) - set(known))
     if bad:
-        raise UsageError(f"--workloads: unknown {bad}; known: fixed, varlen, latency")
+        raise UsageError(f"--workloads: unknown {bad}; known: {', '.join(known)}")
     _check_int8(quantize, passages, device, dtype, providers)
     names = models or (["bert-base"] if quick else list(_models.MODELS))
     unknown = [n for n in names if n not in _models.MODELS]
@@ -126,16 +132,20 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
     meta = report.metadata(device, dtype, quick)
     meta["note"] = note
     meta["threads"] = threads
-    meta["workloads"] = {"fixed": "8 x 128 tokens (ViT: 8 images 224x224)",
+    meta["workloads"] = {"fixed": "8 x 128 tokens (vision: 8 images at the model's image size)",
                          "varlen": "16 sequences, lengths uniform in [16, 384], torch.Generator().manual_seed(0); "
                                    "baselines run the batch padded to its longest sequence; tokens/s counts real tokens",
-                         "latency": "batch 1: 1 x 128 tokens (ViT: 1 image), p50/p95",
+                         "captions": "{} texts, lengths uniform in [{}, {}] (at most the model's positions), seed 0; "
+                                     "the short-text towers (CLIP / SigLIP text) by default".format(*model_workloads.CAPTIONS),
+                         "long": f"one {model_workloads.LONG_TOKENS}-token text, for the models that accept that many "
+                                 "positions (not by default with --quick)",
+                         "latency": "batch 1: 1 x 128 tokens (fewer positions: 1 x positions; vision: 1 image), p50/p95",
                          "latency-1x16": "batch 1: 1 x 16 tokens, p50/p95"}
     isolate = len(names) > 1 if isolate is None else isolate
     meta["process_per_model"] = isolate
     t0 = time.perf_counter()
     results = []
-    steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in ("fixed", "varlen")
+    steps = ["build", "check outputs", "batch-1 latency"] + [f"{w} workload" for w in model_workloads.THROUGHPUT[:2]
                                                              if workloads is None or w in workloads]
     texts = None
     if quantize:
@@ -215,6 +225,8 @@ def model_table(results: list[dict]) -> str:
              if any(f"paired_ratio_vs_{b}" in r for r in rows)]
     text = report.table(rows, cols)
     notes = [f"  {res['model']} {p}: {why}" for res in results for p, why in res["skipped"].items()]
+    notes += [f"  {res['model']} {w} workload: {why}" for res in results
+              for w, why in res.get("workloads_not_run", {}).items()]
     if notes:
         text += "\n\nnot timed:\n" + "\n".join(notes)
     ort = [(res["model"], res.get("provider_info", {}).get("onnxruntime")) for res in results]

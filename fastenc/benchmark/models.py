@@ -6,9 +6,12 @@ against transformers; fastenc.benchmark.onnx_export's unfused dynamo export only
 quantize="int8" times int8 inference instead (fastenc.benchmark.int8_models: fastenc fp32 and fastenc.quantize'd,
 transformers sdpa, the int8 peers) and measures each provider's accuracy against fp32 transformers.
 
-Workloads: fixed (8 x 128 tokens; 8 images for ViT) and variable-length (16 sequences, lengths uniform in
-[16, 384] drawn with torch.Generator().manual_seed(0); baselines get the batch padded to its longest
-sequence with an attention mask, as transformers users run it). Throughput counts real tokens only.
+Workloads (`workloads`): fixed (8 x 128 tokens; 8 images at the model's image size for the vision models) and
+variable-length (16 sequences, lengths uniform in [16, 384] drawn with torch.Generator().manual_seed(0)) where
+they fit the model's positions; captions (32 texts, lengths uniform in [5, 77], seed 0) for the short-text towers
+(CLIP / SigLIP text); long (one 8,192-token text) for the models that accept 8,192 positions (not by default with
+quick). Baselines get a batch padded to its longest sequence with an attention mask, as transformers users run it.
+Throughput counts real tokens only.
 Batch-1 latency (1 x 16 and 1 x 128 tokens, or 1 image) p50/p95 in rows of their own (`latency_rows`: time
 ratios to each baseline, of the p50s and paired, with the paired ratio's 20-80% spread), peak memory of one
 fixed-workload call, throughput ratios to baselines: of the medians, and paired (the median of the per-round
@@ -32,7 +35,8 @@ from typing import Callable
 import torch
 
 from fastenc.benchmark import int8_models, int8_peers, int8_report, model_breakdown, onnx_export, timing
-from fastenc.benchmark.ops._common import varlen_lengths
+from fastenc.benchmark.hub_sizes import GTE_BASE_EN_V15, NOMIC_EMBED_TEXT_V15, hub_sizes
+from fastenc.benchmark.model_workloads import LATENCY, ROUNDS, THROUGHPUT, image_batch, text_batch, workloads
 
 ORT_TOL = 1e-4  # max abs error an exported ONNX model may show against transformers before it is timed
 BASELINES = ("hf-eager", "hf-sdpa", "hf-compile", "onnxruntime")
@@ -62,8 +66,19 @@ BASE_SIZES = {
                    "layer_norm_eps": 1e-5}, "CamembertConfig(vocab 32005, 514 positions, 1 token type, pad 1)"),
     "albert": ({"embedding_size": 128, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
                "albert-base-v2 shape (embedding 128, hidden 768, 12 layers sharing one block)"),
+    "gte": (hub_sizes(GTE_BASE_EN_V15), "gte-base-en-v1.5 config (hidden 768, 12 layers, 12 heads, intermediate "
+            "3072, vocab 30528, no token types, 8192 positions, RoPE theta 500000 with fixed NTK scaling x2)"),
+    "nomic_bert": (hub_sizes(NOMIC_EMBED_TEXT_V15), "nomic-embed-text-v1.5 config (hidden 768, 12 layers, 12 heads, "
+                   "SwiGLU intermediate 3072, vocab 30528, 8192 positions, RoPE theta 1000)"),
+    "dinov2": ({"image_size": 224, "patch_size": 14}, "DINOv2-base (patch 14, 224x224: 256 patches + CLS)"),
+    "clip_vision_model": ({"image_size": 224, "patch_size": 16}, "CLIP ViT-B/16 vision tower (hidden 768, 12 layers, "
+                          "patch 16, 224x224: 196 patches + CLS)"),
+    "clip_text_model": ({"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+                         "num_attention_heads": 8, "max_position_embeddings": 77},
+                        "CLIP ViT-B/16 text tower (hidden 512, 12 layers, 8 heads, 77 positions, vocab 49408)"),
 }
-NAMES = {"vit": "vit-b16"}
+NAMES = {"vit": "vit-b16", "nomic_bert": "nomic-bert-base", "clip_vision_model": "clip-vit-b16",
+         "clip_text_model": "clip-text-b16"}
 
 
 def hf_class(arch, task: str = "base"):
@@ -118,37 +133,6 @@ def _model_specs() -> dict[str, ModelSpec]:
 
 
 MODELS = _model_specs()
-
-
-# ---- workloads ----
-
-def text_batch(lengths: list[int], vocab: int, seed: int = 0) -> dict:
-    """Padded (batch, longest) int64 ids (real tokens drawn from [1000, vocab)) and the 0/1 attention mask."""
-    g = torch.Generator().manual_seed(seed)
-    s = max(lengths)
-    ids = torch.randint(1000, vocab, (len(lengths), s), generator=g)
-    mask = (torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]).long()
-    return {"input_ids": ids * mask, "attention_mask": mask}
-
-
-def image_batch(n: int, size: int = 224, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"pixel_values": torch.randn(n, 3, size, size, generator=g)}
-
-
-def workloads(spec: ModelSpec, vocab: int) -> dict[str, tuple[dict, int, str]]:
-    """name -> (inputs, useful units (tokens or images), description)."""
-    if spec.kind == "vision":
-        return {"fixed": (image_batch(8), 8, "8 images 224x224"),
-                "latency": (image_batch(1, seed=1), 1, "1 image")}
-    lens = varlen_lengths()
-    return {"fixed": (text_batch([128] * 8, vocab), 8 * 128, "8 x 128 tokens"),
-            "varlen": (text_batch(lens, vocab), sum(lens), f"16 seqs, lengths U[16,384] seed 0 "
-                       f"(sum {sum(lens)}, longest {max(lens)})"),
-            "latency": (text_batch([128], vocab, seed=1), 128, "1 x 128 tokens"),
-            "latency-1x16": (text_batch([16], vocab, seed=2), 16, "1 x 16 tokens")}
-
-LATENCY = ("latency-1x16", "latency")  # the batch-1 workloads, timed first (they warm every provider up)
 
 
 def _hidden(out) -> torch.Tensor:
@@ -336,7 +320,8 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
               texts: list[str] | None = None) -> dict:
     """Benchmark one model: returns {'model', 'rows': [...per provider x workload], 'latency_rows', 'breakdown',
     'skipped', 'errors', 'failed', 'provider_info'} ('failed': fastenc's own providers that could not be built or
-    run, which fail the benchmark). only: the throughput workloads to run ('fixed', 'varlen'; default both); the
+    run, which fail the benchmark). only: the throughput workloads to run (of THROUGHPUT; default: the model's,
+    see `workloads`; 'workloads_not_run' says which asked for did not fit and why); the
     batch-1 latency workloads always run. rounds: timed batch-1 rounds (default 5 quick, else 20 and more up to 5 s,
     at most 50). quantize "int8": ratios against fastenc fp32 and the best int8 peer, then 'accuracy'
     (int8_models.accuracy on `texts`, docstring passages; None: read them) and 'int8' (the int8 path)."""
@@ -352,7 +337,9 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         fns, skipped = build_providers(spec, hf, device, dtype, providers, threads, Path(tmp), log, failed, info)
         step("check outputs")
         errors = verify(spec, hf, fns, skipped, device, failed)
-        loads = {w: v for w, v in workloads(spec, vocab).items() if only is None or w in only or w in LATENCY}
+        not_run: dict[str, str] = {}
+        loads = workloads(spec, vocab, getattr(hf.config, "max_position_embeddings", None),
+                          getattr(hf.config, "image_size", 224), only, quick, not_run)
         rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
                                                 breakdown and device == "cpu", rounds,
                                                 int8_models.BASELINES if int8 else BASELINES,
@@ -372,7 +359,7 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
     for r in rows + lat_rows:
         r["max_abs_err_vs_transformers"] = errors.get(r["provider"])
     out = {"model": spec.name, "note": spec.note, "rows": rows, "latency_rows": lat_rows, "breakdown": parts,
-           "skipped": skipped, "errors": errors, "failed": failed, "provider_info": info}
+           "skipped": skipped, "errors": errors, "failed": failed, "provider_info": info, "workloads_not_run": not_run}
     if int8:
         int8_models.annotate(rows, lat_rows, accuracy)
         out.update(accuracy=accuracy, int8=int8_models.model_info())
@@ -405,8 +392,9 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
                 for w, samples in lats.items() for name, s in samples.items()]
     parts = model_breakdown.batch1(bind, lats, quick) if breakdown else {}
     mem: dict[str, float] = {}
+    mem_load = next((w for w in THROUGHPUT if w in loads), None)  # fixed, else the first throughput workload
     per = {}
-    for w in ("fixed", "varlen"):
+    for w in THROUGHPUT:
         if w not in loads:
             continue
         step(f"{w} workload")
@@ -414,11 +402,11 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
         for name in calls:  # torch.compile specializes on shapes: compile for this workload outside the timing
             if name == "hf-compile":
                 calls[name]()
-        if w == "fixed":  # peak memory of one call per provider, untimed: it starts from emptied caches and
+        if w == mem_load:  # peak memory of one call per provider, untimed: it starts from emptied caches and
             for name, call in calls.items():  # heap, which a timed sample must not (it would time the refill)
                 mem[name] = timing.peak_memory(call, device)[0]
         per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
-                                    repeats=2 if quick else THROUGHPUT_ROUNDS, on_round=tick)
+                                    repeats=2 if quick else ROUNDS.get(w, THROUGHPUT_ROUNDS), on_round=tick)
     if breakdown:
         parts.update(model_breakdown.throughput(bind, per, quick))
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
@@ -431,7 +419,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
             row = {"model": spec.name, "workload": w, "workload_desc": desc, "provider": name, **st.as_dict(),
                    "throughput": thr[name], "unit": unit, "useful_units": units,
                    "latency_p50_ms": timing.percentile(lat[name], 0.5), "latency_p95_ms": timing.percentile(lat[name], 0.95),
-                   "peak_mem_mib": mem.get(name)}
+                   "peak_mem_mib": mem.get(name), "peak_mem_workload": mem_load}
             for b, key in _against(baselines, best):
                 if b in thr and b != name:
                     row[f"ratio_vs_{key}"] = thr[name] / thr[b]

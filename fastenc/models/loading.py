@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fastenc.files import read_json
-from fastenc.models import architecture, convert
+from fastenc.models import architecture, convert, hub_configs
 
 
 
@@ -188,6 +188,7 @@ def from_pretrained(path, device=None, dtype=None):
     if not cfg_file.is_file():
         raise FileNotFoundError(f"from_pretrained: {cfg_file} not found")
     d = read_json(cfg_file, "from_pretrained", what=" (a config)")
+    d = hub_configs.translate(d, cfg_file)  # an original GTE / NomicBERT hub config -> transformers' names
     archs = d.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ValueError(f"from_pretrained: {cfg_file}: architectures must be a list of class names, got {archs!r}")
