@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastenc.kernels._attention_rel import _disentangled, _positions, _scatter_rel, check_relative
 from fastenc.kernels._util import on_device
 from fastenc.kernels.attention import _distance_bias, _dropout_keep, _dropout_row_keys, check_bias, dropout_args
 
@@ -58,9 +59,11 @@ def _attention_bwd_preprocess_kernel(O, DO, DELTA, total, stride_t, stride_h,
 @triton.jit
 def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_tiles, stride_t, stride_h, window_left,
                                window_right, qk_scale, scale, drop_key, drop_thr, drop_scale, BIAS, bias_len,
+                               POS, C2P, P2C, SLOT, DP2C, slots,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                               DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
+                               DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_POS: tl.constexpr = False,
+                               HAS_C2P: tl.constexpr = False, HAS_P2C: tl.constexpr = False):
     # Program (key tile n, sequence b) on grid axis 0 = n_tiles * batch (grid y/z stop at 65,535), head h on
     # axis 1. In base 2, s = q.k * scale * log2(e), lse2 = lse * log2(e):
     #   for each query tile i of the band (queries i with j - right <= i <= j + left):
@@ -70,6 +73,8 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
     #     dK  += dS^T Q
     #   dK *= scale.
     # DROPOUT: Pd^T = P^T * Z^T / (1-p);  dV += Pd^T dO;  dS^T = Pd^T * dP^T - P^T * D.
+    # Relative terms (fastenc/kernels/_attention_rel.py) are added to s^T as in the forward; HAS_P2C:
+    # dP2C[j, h, slot(i, j)] += dS_ij for the keys j of this tile (fp32 atomics into rows only this program writes).
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_n = pid - b * n_tiles
@@ -89,6 +94,9 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
     k = tl.load(K + kv_ptr, mask=kv_mask, other=0.0)
     v = tl.load(V + kv_ptr, mask=kv_mask, other=0.0)
     row_base = h.to(tl.int64) * total + start
+    pos_n = offs_n
+    if HAS_POS:
+        pos_n = _positions(POS, start + offs_n, col_ok, bias_len)
 
     lo = 0
     hi = seqlen
@@ -114,8 +122,18 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
         else:
             st = tl.dot(k, tl.trans(q))
         st = st * qk_scale
+        if HAS_BIAS or HAS_C2P or HAS_P2C:
+            if HAS_POS:
+                dist = _positions(POS, start + rows, row_ok, bias_len)[None, :] - pos_n[:, None]
+            else:
+                dist = rows[None, :] - pos_n[:, None]
         if HAS_BIAS:
-            st += _distance_bias(BIAS, bias_len, h, rows[None, :] - offs_n[:, None])
+            st += _distance_bias(BIAS, bias_len, h, dist)
+        if HAS_C2P or HAS_P2C:
+            rel, slot = _disentangled(C2P, P2C, SLOT, bias_len, slots, h, start + rows[None, :],
+                                      start + offs_n[:, None], dist, col_ok[:, None] & row_ok[None, :], HAS_C2P,
+                                      HAS_P2C)
+            st += rel
         keep = col_ok[:, None] & row_ok[None, :]
         if HAS_LEFT:
             keep = keep & (offs_n[:, None] >= rows[None, :] - window_left)
@@ -136,6 +154,8 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
             dst = pdt * dpt - pt * delta[None, :]
         else:
             dst = pt * (dpt - delta[None, :])
+        if HAS_P2C:
+            _scatter_rel(DP2C, start + offs_n[:, None], h, slots, slot, dst, keep)
         if IEEE:
             dk += tl.dot(dst, q, input_precision="ieee")
         else:
@@ -147,15 +167,19 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
 @triton.jit
 def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, stride_t, stride_h, window_left,
                              window_right, qk_scale, scale, drop_key, drop_thr, drop_scale, BIAS, DBIAS, bias_len,
+                             POS, C2P, P2C, SLOT, DC2P, slots,
                              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
+                             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_POS: tl.constexpr = False,
+                             HAS_C2P: tl.constexpr = False, HAS_P2C: tl.constexpr = False):
     # Program (query tile m, sequence b) on grid axis 0 = n_tiles * batch, head h on axis 1:
     #   for each key tile j of the band (keys j with i - left <= j <= i + right):
     #     P = 2^(s - lse2);  dP = dO V^T;  dS = P * (dP - D);  dQ += dS K
     #   dQ *= scale.
     # DROPOUT: dS = Pd * dP - P * D with Pd = P * Z / (1-p).
     # HAS_BIAS: s += bias(i - j); dBIAS[h, i - j + L - 1] += dS_ij (fp32 atomics, inside the lookup only).
+    # Relative terms as in the forward (i - j becomes POS[i] - POS[j] with HAS_POS); HAS_C2P:
+    # dC2P[i, h, slot(i, j)] += dS_ij for the queries i of this tile (fp32 atomics into rows only this program writes).
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_m = pid - b * n_tiles
@@ -179,6 +203,9 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     if DROPOUT:
         rkeys = _dropout_row_keys(drop_key, h, start + offs_m)
+    pos_m = offs_m
+    if HAS_POS:
+        pos_m = _positions(POS, start + offs_m, row_ok, bias_len)
 
     lo = 0
     hi = seqlen
@@ -203,8 +230,18 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
         s = s * qk_scale
+        if HAS_BIAS or HAS_C2P or HAS_P2C:
+            if HAS_POS:
+                dist = pos_m[:, None] - _positions(POS, start + cols, col_ok, bias_len)[None, :]
+            else:
+                dist = pos_m[:, None] - cols[None, :]
         if HAS_BIAS:
-            s += _distance_bias(BIAS, bias_len, h, offs_m[:, None] - cols[None, :])
+            s += _distance_bias(BIAS, bias_len, h, dist)
+        if HAS_C2P or HAS_P2C:
+            rel, slot = _disentangled(C2P, P2C, SLOT, bias_len, slots, h, start + offs_m[:, None],
+                                      start + cols[None, :], dist, row_ok[:, None] & col_ok[None, :], HAS_C2P,
+                                      HAS_P2C)
+            s += rel
         keep = row_ok[:, None] & col_ok[None, :]
         if HAS_LEFT:
             keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
@@ -217,9 +254,11 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
         else:
             ds = p * (dp - delta[:, None])
         if HAS_BIAS:
-            bidx = offs_m[:, None] - cols[None, :] + (bias_len - 1) // 2
+            bidx = dist + (bias_len - 1) // 2
             tl.atomic_add(DBIAS + h.to(tl.int64) * bias_len + bidx, ds,
                           mask=keep & (bidx >= 0) & (bidx < bias_len))
+        if HAS_C2P:
+            _scatter_rel(DC2P, start + offs_m[:, None], h, slots, slot, ds, keep)
         if IEEE:
             dq += tl.dot(ds, k, input_precision="ieee")
         else:
@@ -272,54 +311,77 @@ def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: b
 def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int, window_right: int,
                   scale: float, dropout_p: float = 0.0, seed: int = 0, offset: int = 0, need_dq: bool = True,
-                  need_dkdv: bool = True, bias: torch.Tensor | None = None, config: AttentionBwdConfig | None = None):
+                  need_dkdv: bool = True, bias: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                  c2p: torch.Tensor | None = None, p2c: torch.Tensor | None = None, slot: torch.Tensor | None = None,
+                  config: AttentionBwdConfig | None = None):
     """grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; lse: (heads, total_tokens)
     fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded; dropout_p, seed, offset: the
     forward's. Returns (dq, dk, dv) like q; one not needed (need_dq / need_dkdv false) is empty and its kernel
     does not run. bias: the forward's distance lookup (heads, 2L - 1) fp32, L >= max_seqlen: then
-    (dq, dk, dv, dbias), dbias like bias (the dQ kernel runs whatever need_dq says)."""
+    (dq, dk, dv, dbias), dbias like bias (the dQ kernel runs whatever need_dq says).
+    positions, c2p, p2c, slot: the forward's relative terms (fastenc/kernels/attention.py); given any of them, the
+    result is (dq, dk, dv, dbias, dc2p, dp2c), dc2p / dp2c like c2p / p2c (accumulated in fp32 buffers of that
+    shape), each gradient whose input is None empty. dC2P comes from the dQ kernel, dP2C from the dK/dV kernel
+    (each then runs whatever need_dq / need_dkdv say)."""
     total, heads, d = q.shape
     bias, bias_len = check_bias(bias, heads, max_seqlen, q.device)
+    rel = check_relative(q, bias, bias_len, max_seqlen, positions, c2p, p2c, slot, "attention backward (triton)")
     dbias = None if bias is None else torch.zeros_like(bias)
-    run_dq = need_dq or bias is not None
+    drel = [None if t is None else torch.zeros(t.shape, dtype=torch.float32, device=q.device)
+            for t in (rel.c2p, rel.p2c)]
+    run_dq = need_dq or bias is not None or rel.c2p is not None
+    run_dkdv = need_dkdv or rel.p2c is not None
     dq = torch.empty_like(q) if run_dq else q.new_empty(0)
-    dk = torch.empty_like(k) if need_dkdv else q.new_empty(0)
-    dv = torch.empty_like(v) if need_dkdv else q.new_empty(0)
+    dk = torch.empty_like(k) if run_dkdv else q.new_empty(0)
+    dv = torch.empty_like(v) if run_dkdv else q.new_empty(0)
     batch = cu_seqlens.numel() - 1
+    result = (lambda: _result(dq, dk, dv, dbias, need_dq, need_dkdv, rel, drel))
     if total == 0 or batch == 0 or heads == 0:
-        return _result(dq.zero_(), dk.zero_(), dv.zero_(), dbias, need_dq)
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return result()
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
     lse = lse.contiguous()
     delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     bd = block_d(d)
-    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0, bias is not None)
+    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0,
+                                   bias is not None or rel.any)
     common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
                   HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
-                  HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  HAS_BIAS=bias is not None, **rel.flags(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if heads > 65535:
         raise ValueError(f"attention backward (triton): heads must be <= 65535 (grid axis 1), got {heads}")
     rest = (heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E, scale,
             *dropout_args(dropout_p, seed, offset))
     b_ptr = delta if bias is None else bias  # (not read without HAS_BIAS)
     db_ptr = delta if dbias is None else dbias
+    pos, c2p, p2c, slot, slots = rel.pointers(cu, q)
+    dc2p, dp2c = (delta if t is None else t for t in drel)
     seq = max(min(max_seqlen, total), 1)
     n_kv, n_q = triton.cdiv(seq, cfg.block_n), triton.cdiv(seq, cfg.block_m)
     with on_device(q):
         _attention_bwd_preprocess_kernel[(triton.cdiv(total, 64), heads)](
             out, grad, delta, total, heads * d, d, D=d, BLOCK_D=bd, BLOCK_T=64)
-        if need_dkdv:
+        if run_dkdv:
             _attention_bwd_dkdv_kernel[(n_kv * batch, heads)](
-                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, b_ptr, bias_len, **common)
+                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, b_ptr, rel.rel_len, pos, c2p, p2c, slot,
+                dp2c, slots, **common)
         if run_dq:
             _attention_bwd_dq_kernel[(n_q * batch, heads)](
-                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, b_ptr, db_ptr, bias_len, **common)
-    return _result(dq, dk, dv, dbias, need_dq)
+                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, b_ptr, db_ptr, rel.rel_len, pos, c2p, p2c,
+                slot, dc2p, slots, **common)
+    return result()
 
 
-def _result(dq, dk, dv, dbias, need_dq):
+def _result(dq, dk, dv, dbias, need_dq, need_dkdv, rel, drel):
+    """(dq, dk, dv[, dbias]) or, with relative terms, (dq, dk, dv, dbias, dc2p, dp2c) (empty where absent)."""
     dq = dq if need_dq else dq.new_empty(0)
-    return (dq, dk, dv) if dbias is None else (dq, dk, dv, dbias)
+    dk, dv = (dk, dv) if need_dkdv else (dk.new_empty(0), dv.new_empty(0))
+    if not rel.any:
+        return (dq, dk, dv) if dbias is None else (dq, dk, dv, dbias)
+    empty = dq.new_empty(0)
+    dc2p, dp2c = (empty if t is None else t.to(like.dtype) for t, like in zip(drel, (rel.c2p, rel.p2c)))
+    return dq, dk, dv, torch.empty(0, device=dq.device) if dbias is None else dbias, dc2p, dp2c
 
 
 def _cc(t: torch.Tensor) -> int:
