@@ -229,16 +229,20 @@ class AttentionConfig:
     num_stages: int
 
 
-def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, biased: bool = False) -> AttentionConfig:
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, biased: bool = False,
+                   disentangled: bool = False) -> AttentionConfig:
     """Analytical choice per head dim and GPU generation (cc = major*10+minor; None = CPU interpreter).
 
     The fp32 accumulator (BLOCK_M x BLOCK_D) and the q tile live in registers: wide heads get shorter query
-    tiles so nothing spills; sm_90 has the shared memory for deeper K/V pipelines than sm_80.
+    tiles so nothing spills; sm_90 has the shared memory for deeper K/V pipelines than sm_80. biased: a distance
+    bias or positions; disentangled: c2p / p2c too (their gathers' registers: lighter fp32 tiles).
     """
     bd = block_d(head_dim)
     masked = head_dim != bd  # a live head-dim mask (unaligned rows) costs registers: lighter tiles
     if cc is None:  # interpreter: few large tiles (its cost grows with the number of tile steps)
         return AttentionConfig(64, 64, 4, 1)
+    if disentangled and dtype == torch.float32 and bd <= 128:  # 64 x 16 x 2 stages / 16 x 16 x 2 spilled 4-12 B
+        return AttentionConfig(64, 16, 8, 1) if bd <= 64 else AttentionConfig(16, 16, 4, 1)
     if biased and dtype != torch.float32 and bd <= 128:  # the bias gather tile: 128 x 64 spilled once windowed
         return AttentionConfig(128, 32, 8, 2)
     if dtype == torch.float32:  # IEEE fp32 dots: twice the register and shared-memory footprint
@@ -326,7 +330,7 @@ def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run, biased: bool 
     major, minor = torch.cuda.get_device_capability(q.device)
     cc = major * 10 + minor
     if os.environ.get("FASTENC_AUTOTUNE", "0") in ("", "0"):
-        return default_config(d, q.dtype, cc, biased)
+        return default_config(d, q.dtype, cc, biased, disentangled)
     key = f"sm{cc}|{str(q.dtype).replace('torch.', '')}|d{d}|s{triton.next_power_of_2(max(max_seqlen, 16))}|w{int(windowed)}"
     key += ("|bias" if biased else "") + ("|c2p" if disentangled else "")
     tuned = _load_tuned().get(key)
@@ -412,7 +416,7 @@ def compile_specs() -> list[dict]:
         ("fp32", torch.float32, 64, False, 90, False, False, "c"),
         ("fp32", torch.float32, 128, False, 80, False, True, "pcq")]
     for tname, dtype, d, windowed, cc, dropout, biased, rel in cases:
-        cfg = default_config(d, dtype, cc, biased or bool(rel))
+        cfg = default_config(d, dtype, cc, biased or bool(rel), "c" in rel or "q" in rel)
         ptr = "*" + tname
         specs.append({
             "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}"

@@ -282,17 +282,23 @@ def block_d(head_dim: int) -> int:
 
 
 def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False,
-                   biased: bool = False) -> AttentionBwdConfig:
+                   biased: bool = False, disentangled: bool = False) -> AttentionBwdConfig:
     """Analytical choice per head dim (cc = major*10+minor; None = CPU interpreter). dK and dV (or dQ) accumulate
     in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills. The
     dropout hash's temporaries (per tile element) take registers too: fp16/bf16 head dims 72..128 go to 64 x 32
     tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80).
     The distance bias's gather and atomics (biased) in fp32: 16 x 16 tiles over 4 warps up to head dim 64, the
     dropout path's 16 x 32 up to 128 (32 x 32 x 8 warps, 16 x 32 and 32 x 16 x 4 warps each spilled 4-8 B in the
-    dQ kernel at head dim 64 on sm_80)."""
+    dQ kernel at head dim 64 on sm_80). DeBERTa's c2p / p2c (disentangled: their gathers and scatter atomics): 64 x 32
+    tiles up to head dim 64, 16 x 32 beyond (64 x 64 spilled 2 KB in the dK/dV kernel, 32 x 32 8-20 B), fp32
+    16 x 16 over 4 warps up to 64 and 8 beyond."""
     bd = block_d(head_dim)
     if cc is None:  # interpreter: few large tiles
         return AttentionBwdConfig(64, 64, 4, 1)
+    if disentangled:
+        if dtype == torch.float32:
+            return AttentionBwdConfig(16, 16, 4 if bd <= 64 else 8, 1)
+        return AttentionBwdConfig(64, 32, 8, 1) if bd <= 64 else AttentionBwdConfig(16, 32, 8, 1)
     if dtype == torch.float32:  # IEEE fp32 dots (no tensor-core path): small tiles over 8 warps
         if biased and bd <= 64:
             return AttentionBwdConfig(16, 16, 4, 1)
@@ -345,7 +351,7 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     bd = block_d(d)
     cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0,
-                                   bias is not None or rel.any)
+                                   bias is not None or rel.any, rel.slot is not None)
     common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
                   HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
                   HAS_BIAS=bias is not None, **rel.flags(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -392,7 +398,8 @@ def _cc(t: torch.Tensor) -> int:
 def compile_specs() -> list[dict]:
     """Ahead-of-time compile configurations (fastenc/kernels/_compile.py; each compiled for sm_90 and sm_80): the three
     kernels at the heuristic's config for head dims 64 and 128 (fp16, bf16), 256 (bf16), a windowed bf16 case and
-    fp32, and the dropout variants at each of the four dropout configs."""
+    fp32, the dropout variants at each of the four dropout configs, the distance bias's, and the relative terms'
+    (positions, c2p, p2c alone and together, with the bias, a window and dropout)."""
     specs = []
     cases = [("fp16", torch.float16, 64, False, False), ("bf16", torch.bfloat16, 64, True, False),
              ("bf16", torch.bfloat16, 128, False, False), ("fp16", torch.float16, 256, False, False),
@@ -402,32 +409,39 @@ def compile_specs() -> list[dict]:
     cases = [c + (False,) for c in cases] + [  # the distance bias (MPNet's d64; windowed with dropout; fp32)
         ("fp16", torch.float16, 64, False, False, True), ("bf16", torch.bfloat16, 64, True, True, True),
         ("fp32", torch.float32, 64, False, False, True)]
+    cases = [c + ("",) for c in cases] + [  # relative terms: positions (p), DeBERTa's c2p / p2c (c, q)
+        ("fp16", torch.float16, 64, False, False, True, "p"), ("bf16", torch.bfloat16, 64, False, False, False, "cq"),
+        ("fp16", torch.float16, 64, False, False, False, "pcq"),
+        ("bf16", torch.bfloat16, 128, False, False, False, "c"), ("bf16", torch.bfloat16, 64, True, True, True, "pcq"),
+        ("fp32", torch.float32, 64, False, False, False, "q"), ("fp32", torch.float32, 128, False, False, True, "pcq")]
     for cc in (90,):  # default_config does not depend on the GPU generation (yet): one config per case
-        for tname, dtype, d, windowed, dropout, biased in cases:
-            cfg = default_config(d, dtype, cc, dropout, biased)
+        for tname, dtype, d, windowed, dropout, biased, rel in cases:
+            cfg = default_config(d, dtype, cc, dropout, biased or bool(rel), "c" in rel or "q" in rel)
             ptr = "*" + tname
             ints = {"total": "i32", "n_tiles": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
                     "window_right": "i32", "qk_scale": "fp32", "scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
                     "drop_scale": "fp32"}
             consts = {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                       "HAS_LEFT": windowed, "HAS_RIGHT": windowed, "IEEE": dtype == torch.float32,
-                      "DROPOUT": dropout, "HAS_BIAS": biased}
+                      "DROPOUT": dropout, "HAS_BIAS": biased, "HAS_POS": "p" in rel, "HAS_C2P": "c" in rel,
+                      "HAS_P2C": "q" in rel}
             tag = (f"{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}"
-                   f"{'_bias' if biased else ''}_cfg{cc}")
+                   f"{'_bias' if biased else ''}{'_rel' + rel if rel else ''}_cfg{cc}")
+            rel_sig = {"POS": "*i32", "C2P": ptr, "P2C": ptr, "SLOT": "*i32"}
             launch = {"divisible_by_16": ["stride_t", "stride_h"], "num_warps": cfg.num_warps,
                       "num_stages": cfg.num_stages}
             sig_c = {k: "constexpr" for k in consts}
             specs.append({"name": f"attention_bwd_dkdv_{tag}", "fn": _attention_bwd_dkdv_kernel,
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
                                         "DK": ptr, "DV": ptr, "CU": "*i32", **ints, "BIAS": "*fp32",
-                                        "bias_len": "i32", **sig_c},
+                                        "bias_len": "i32", **rel_sig, "DP2C": "*fp32", "slots": "i32", **sig_c},
                           "constexprs": consts, **launch})
             specs.append({"name": f"attention_bwd_dq_{tag}", "fn": _attention_bwd_dq_kernel,
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
                                         "DQ": ptr, "CU": "*i32", **ints, "BIAS": "*fp32", "DBIAS": "*fp32",
-                                        "bias_len": "i32", **sig_c},
+                                        "bias_len": "i32", **rel_sig, "DC2P": "*fp32", "slots": "i32", **sig_c},
                           "constexprs": consts, **launch})
-            if not windowed and not dropout and not biased:
+            if not windowed and not dropout and not biased and not rel:
                 specs.append({"name": f"attention_bwd_preprocess_{tname}_d{d}_cfg{cc}",
                               "fn": _attention_bwd_preprocess_kernel,
                               "signature": {"O": ptr, "DO": ptr, "DELTA": "*fp32", "total": "i32",
