@@ -323,12 +323,11 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     """grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; lse: (heads, total_tokens)
     fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded; dropout_p, seed, offset: the
     forward's. Returns (dq, dk, dv) like q; one not needed (need_dq / need_dkdv false) is empty and its kernel
-    does not run. bias: the forward's distance lookup (heads, 2L - 1) fp32, L >= max_seqlen: then
-    (dq, dk, dv, dbias), dbias like bias (the dQ kernel runs whatever need_dq says).
-    positions, c2p, p2c, slot: the forward's relative terms (fastenc/kernels/attention.py); given any of them, the
-    result is (dq, dk, dv, dbias, dc2p, dp2c), dc2p / dp2c like c2p / p2c (accumulated in fp32 buffers of that
-    shape), each gradient whose input is None empty. dC2P comes from the dQ kernel, dP2C from the dK/dV kernel
-    (each then runs whatever need_dq / need_dkdv say)."""
+    does not run. bias, positions, c2p, p2c, slot: the forward's relative terms (fastenc/kernels/attention.py); given
+    any of them the result is (dq, dk, dv, dbias, dc2p, dp2c): dbias (heads, 2L - 1), dc2p / dp2c (total_tokens,
+    heads, slots), all fp32 (fastenc::attention_bwd_bias casts dc2p / dp2c to c2p's dtype), each empty whose input
+    is None. dbias and dc2p come from the dQ kernel, dp2c from the dK/dV kernel (each then runs whatever need_dq /
+    need_dkdv say). Extra memory: the fp32 dc2p / dp2c buffers, tokens x heads x slots each."""
     total, heads, d = q.shape
     bias, bias_len = check_bias(bias, heads, max_seqlen, q.device)
     rel = check_relative(q, bias, bias_len, max_seqlen, positions, c2p, p2c, slot, "attention backward (triton)")
@@ -341,7 +340,8 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dk = torch.empty_like(k) if run_dkdv else q.new_empty(0)
     dv = torch.empty_like(v) if run_dkdv else q.new_empty(0)
     batch = cu_seqlens.numel() - 1
-    result = (lambda: _result(dq, dk, dv, dbias, need_dq, need_dkdv, rel, drel))
+    any_rel = bias is not None or rel.any
+    result = (lambda: _result(dq, dk, dv, dbias, need_dq, need_dkdv, drel if any_rel else None))
     if total == 0 or batch == 0 or heads == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         return result()
@@ -379,15 +379,14 @@ def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return result()
 
 
-def _result(dq, dk, dv, dbias, need_dq, need_dkdv, rel, drel):
-    """(dq, dk, dv[, dbias]) or, with relative terms, (dq, dk, dv, dbias, dc2p, dp2c) (empty where absent)."""
+def _result(dq, dk, dv, dbias, need_dq, need_dkdv, drel):
+    """(dq, dk, dv) or, with a relative term, (dq, dk, dv, dbias, dc2p, dp2c), the last three fp32 and empty where
+    their input is None."""
     dq = dq if need_dq else dq.new_empty(0)
     dk, dv = (dk, dv) if need_dkdv else (dk.new_empty(0), dv.new_empty(0))
-    if not rel.any:
-        return (dq, dk, dv) if dbias is None else (dq, dk, dv, dbias)
-    empty = dq.new_empty(0)
-    dc2p, dp2c = (empty if t is None else t.to(like.dtype) for t, like in zip(drel, (rel.c2p, rel.p2c)))
-    return dq, dk, dv, torch.empty(0, device=dq.device) if dbias is None else dbias, dc2p, dp2c
+    if drel is None:
+        return dq, dk, dv
+    return (dq, dk, dv) + tuple(dq.new_empty(0, dtype=torch.float32) if t is None else t for t in (dbias, *drel))
 
 
 def _cc(t: torch.Tensor) -> int:

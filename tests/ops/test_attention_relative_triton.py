@@ -1,8 +1,9 @@
 """Triton attention with relative-position terms (per-token positions, DeBERTa-v2/v3's disentangled c2p / p2c, with
 and without the distance bias): the kernels forward and backward against a materializing formula under the tolerance
 rule (fp32 forward and gradients, fp16 forward) over lengths 1, 17 and 129, head dims 16 and 64, packed batches,
-a padded batch with holes, a window and log-bucketed slots; positions and slots out of their tables read clamped;
-bad arguments named; the new kernel variants compile for Hopper."""
+a padded batch with holes, a window and log-bucketed slots; then through fastenc.ops.attention / attention_qkv
+against the reference backend; positions and slots out of their tables read clamped; bad arguments named; the new
+kernel variants compile for Hopper."""
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from fastenc import registry, testing
+from fastenc import ops, registry, testing
 
 pytest.importorskip("triton")
 if torch.cuda.is_available():
@@ -127,7 +128,7 @@ def _run(lens, heads, d, window, terms, with_pos, buckets, dtype, backward=True)
         if leaf is None:
             assert got.numel() == 0, name
             continue
-        assert got.dtype == (torch.float32 if name == "dbias" else dtype) and got.shape == leaf.shape, name
+        assert got.dtype == (dtype if name in ("dq", "dk", "dv") else torch.float32) and got.shape == leaf.shape, name
         testing.assert_close(got, leaf.grad, name=name)
 
 
@@ -249,3 +250,99 @@ def test_new_variants_in_the_compile_check_and_compile_for_hopper():
     for n in (fwd, dq):
         line = next(ln for ln in lines if ln.startswith(n + " "))
         assert line.split()[2] == "0", f"{line}: spills on sm_90"
+
+
+# Through the public ops, against the reference backend: (id, layout, lengths | (batch, seq), heads, head_dim,
+# window, terms ('b' relative_bias, 'c' c2p, 'q' p2c), positions given, position_buckets)
+OP_CASES = [
+    ("packed-pos-bias-both", "packed", (17, 1, 5), 2, 16, None, "bcq", True, 0),
+    ("packed-win-c2p-d64", "packed", (40, 9), 2, 64, (6, 2), "c", False, 0),
+    ("padded-holes-both-buckets", "holes", (3, 19), 2, 16, None, "cq", False, 8),
+    ("padded-pos-p2c-bias", "padded", (2, 17), 3, 16, None, "bq", True, 0),
+]
+
+
+def _op_inputs(layout, shape, heads, d, terms, with_pos, dtype):
+    lead = (sum(shape),) if layout == "packed" else shape
+    q, k, v, g = (testing.randn(*lead, heads, d, dtype=dtype, device=DEV) for _ in range(4))
+    span = 3
+    kw = {"rel_span": span}
+    if "b" in terms:
+        kw["relative_bias"] = testing.randn(16, heads, device=DEV)
+        kw["relative_max_distance"] = 40
+    for name, letter in (("c2p", "c"), ("p2c", "q")):
+        if letter in terms:
+            kw[name] = testing.randn(*lead, heads, 2 * span, dtype=dtype, device=DEV)
+    if layout == "packed":
+        kw["cu_seqlens"] = _cu(shape)
+    else:
+        mask = torch.ones(shape, dtype=torch.bool)
+        if layout == "holes":
+            mask[0, 4:7] = False
+            mask[1, 0] = mask[1, 12] = False
+            mask[2, 9:] = False
+        kw["key_padding_mask"] = mask.to(DEV)
+    if with_pos:
+        gen = testing.generator()
+        kw["positions"] = torch.randint(0, max(shape) + 4, lead, generator=gen).to(DEV)
+    return q, k, v, g, kw
+
+
+def _op_grads(backend, q, k, v, g, kw, window, buckets):
+    leaves = {n: t.detach().clone().requires_grad_(True) for n, t in
+              dict(q=q, k=k, v=v, **{n: kw[n] for n in ("c2p", "p2c", "relative_bias") if n in kw}).items()}
+    args = _with_buckets(dict(kw, **{n: t for n, t in leaves.items() if n not in "qkv"}), buckets)
+    out = ops.attention(leaves["q"], leaves["k"], leaves["v"], window=window, backend=backend, **args)
+    out.backward(g)
+    return out, {n: t.grad for n, t in leaves.items()}
+
+
+@pytest.mark.parametrize("name,layout,shape,heads,head_dim,window,terms,with_pos,buckets", OP_CASES,
+                         ids=[c[0] for c in OP_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=testing.dtype_id)
+def test_op_matches_reference_backend(dtype, name, layout, shape, heads, head_dim, window, terms, with_pos, buckets):
+    """fastenc.ops.attention with backend='triton' (forward; fp32 also every gradient: q, k, v, c2p, p2c and the
+    bucket table) against backend='reference' in fp32 (and in fp16 for the tolerance rule's low-precision error)."""
+    q, k, v, g, kw = _op_inputs(layout, shape, heads, head_dim, terms, with_pos, dtype)
+    if dtype != torch.float32:
+        out = ops.attention(q, k, v, window=window, backend="triton", **_with_buckets(kw, buckets))
+        f32 = {n: (t.float() if n in ("c2p", "p2c") else t) for n, t in kw.items()}
+        ref = ops.attention(q.float(), k.float(), v.float(), window=window, backend="reference",
+                            **_with_buckets(f32, buckets))
+        lowp = ops.attention(q, k, v, window=window, backend="reference", **_with_buckets(kw, buckets))
+        testing.assert_close(out, ref, lowp, dtype=dtype)
+        return
+    out, grads = _op_grads("triton", q, k, v, g, kw, window, buckets)
+    ref, want = _op_grads("reference", q, k, v, g, kw, window, buckets)
+    testing.assert_close(out, ref)
+    assert set(grads) == set(want)
+    for n in want:
+        testing.assert_close(grads[n], want[n], name=f"d{n}")
+
+
+def _with_buckets(kw, buckets):
+    return dict(kw, position_buckets=buckets, max_relative_positions=24) if buckets else kw
+
+
+def test_attention_qkv_with_disentangled_terms():
+    """attention_qkv (one fused QKV buffer) with positions and c2p / p2c on the Triton backend: forward and the
+    gradients of the buffer, c2p and p2c against the reference backend."""
+    lens, h, d, span = (13, 6), 2, 16, 4
+    total = sum(lens)
+    qkv = testing.randn(total, 3 * h * d, device=DEV)
+    c2p, p2c = (testing.randn(total, h, 2 * span, device=DEV) for _ in range(2))
+    pos = torch.randint(0, 20, (total,), generator=testing.generator()).to(DEV)
+    g = testing.randn(total, h, d, device=DEV)
+
+    def run(backend):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (qkv, c2p, p2c)]
+        out = ops.attention_qkv(leaves[0], heads=h, cu_seqlens=_cu(lens), positions=pos, c2p=leaves[1],
+                                p2c=leaves[2], rel_span=span, backend=backend)
+        out.reshape(g.shape).backward(g)
+        return out, [t.grad for t in leaves]
+
+    out, grads = run("triton")
+    ref, want = run("reference")
+    testing.assert_close(out, ref)
+    for n, a, b in zip(("dqkv", "dc2p", "dp2c"), grads, want):
+        testing.assert_close(a, b, name=n)
