@@ -4,7 +4,9 @@ head, sequence) loops over the key tiles of its band with the online softmax, ne
 Packed variable-length layout (FlashAttention's varlen convention): q, k, v, out (total_tokens, heads, head_dim),
 cu_seqlens int32 (batch + 1,). A sliding window (left, right) restricts query i to keys i-left..i+right and the
 loop to the tiles that intersect that band. fp16/bf16 operands go to tl.dot with fp32 accumulation (wgmma on
-sm_90, mma on sm_80); fp32 operands use IEEE fp32 dots (no TF32) to meet the fp32 tolerance.
+sm_90, mma on sm_80); fp32 operands use IEEE fp32 dots (no TF32) to meet the fp32 tolerance. Relative-position
+terms (a distance bias lookup, per-token positions, DeBERTa's c2p / p2c through a per-distance slot lookup) are added
+to the scores inside the tile loop, each behind a constexpr flag, so the plain kernel pays nothing for them.
 """
 from __future__ import annotations
 

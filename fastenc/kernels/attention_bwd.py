@@ -17,6 +17,10 @@ A gradient not needed skips its kernel (dQ, or dK/dV).
 A distance bias (HAS_BIAS: lookup BIAS (heads, 2L - 1), fastenc/kernels/attention.py) is added to s in both
 kernels; its gradient dBIAS[h, i - j + L - 1] += dS_ij is accumulated by the dQ kernel (which then always runs) with
 fp32 atomics: not bit-reproducible from run to run on a GPU (the cpu backend's is).
+Per-token positions and DeBERTa's c2p / p2c (fastenc/kernels/_attention_rel.py) are added to s as in the forward;
+dC2P[i, h, slot(i, j)] += dS_ij is accumulated by the dQ kernel and dP2C[j, h, slot(i, j)] += dS_ij by the dK/dV
+kernel, each into rows of tokens only that program owns (fp32 atomics, since pairs of one row can share a slot);
+each kernel then runs whatever need_dq / need_dkdv say.
 cu_seqlens is read by the kernels and clamped to [0, total_tokens] where read, so no access leaves the tensors.
 """
 from __future__ import annotations
