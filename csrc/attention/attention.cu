@@ -36,7 +36,8 @@ bool attention_head_dim_supported(int64_t head_dim) {
 cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                           int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
                           int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream,
-                          float* lse, const float* bias, int64_t bias_len) {
+                          float* lse, const float* bias, int64_t bias_len, const int32_t* positions,
+                          const void* c2p, const void* p2c, const int32_t* slot, int64_t slot_len, int64_t slots) {
   if (batch == 0 || heads == 0 || total == 0) return cudaSuccess;
   if (!attention_head_dim_supported(head_dim) || (dtype != kF16 && dtype != kBF16)) return cudaErrorInvalidValue;
   // total <= 2**30 and windows < total keep the kernel's int sums (row + window) below 2**31.
@@ -45,6 +46,14 @@ cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out
   // The bias lookup must reach the longest sequence (the kernel also bounds every index it reads).
   if (bias != nullptr && (bias_len <= 0 || bias_len % 2 == 0 || bias_len > 0x7fffffff || (bias_len + 1) / 2 < max_seqlen))
     return cudaErrorInvalidValue;
+  // Relative terms: a slot lookup exactly with c2p / p2c, as long as the bias when both are given and reaching the
+  // longest sequence; positions only with a lookup to read them through.
+  if ((slot != nullptr) != (c2p != nullptr || p2c != nullptr)) return cudaErrorInvalidValue;
+  if (slot != nullptr && (slot_len <= 0 || slot_len % 2 == 0 || slot_len > 0x7fffffff ||
+                          (slot_len + 1) / 2 < max_seqlen || (bias != nullptr && slot_len != bias_len) || slots <= 0 ||
+                          slots > 0x7fffffff))
+    return cudaErrorInvalidValue;
+  if (positions != nullptr && bias == nullptr && slot == nullptr) return cudaErrorInvalidValue;
   // max_seqlen sizes the grid: no more than every row, at least one tile.
   max_seqlen = std::max<int64_t>(1, std::min(max_seqlen, total));
   const int64_t m_blocks = (max_seqlen + attn::kBlockM - 1) / attn::kBlockM;
@@ -67,6 +76,12 @@ cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out
   p.lse = lse;
   p.bias = bias;
   p.bias_len = bias != nullptr ? static_cast<int>(bias_len) : 1;
+  p.positions = positions;
+  p.rel_len = slot != nullptr ? static_cast<int>(slot_len) : p.bias_len;
+  p.c2p = c2p;
+  p.p2c = p2c;
+  p.slot = slot;
+  p.slots = slot != nullptr ? static_cast<int>(slots) : 1;
   if (dtype == kF16) return attn::run_for_head_dim<__half>(p, head_dim, stream);
   return attn::run_for_head_dim<__nv_bfloat16>(p, head_dim, stream);
 }

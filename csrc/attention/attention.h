@@ -19,10 +19,18 @@ namespace fastenc_cuda {
 // total_tokens fp32, each row's natural log-sum-exp of scale * q.k (+inf for a row that sees no key).
 // bias (or null): a distance bias lookup heads x bias_len fp32 on the device, bias_len = 2L - 1 with
 // L >= max_seqlen (else cudaErrorInvalidValue): the score of query i and key j gets + bias[h, i - j + L - 1].
+// Relative terms (each null when absent; else cudaErrorInvalidValue on inconsistent sizes):
+// positions: total_tokens int32, each token's position (read clamped to [0, L)): i - j above becomes
+// positions[i] - positions[j]; it needs a bias or a slot lookup. c2p, p2c: total_tokens x heads x slots in q's
+// dtype (DeBERTa's disentangled terms), read through slot: int32 slot_len = 2L - 1 (bias_len too when both are
+// given), L >= max_seqlen: the score gets + c2p[i, h, s] + p2c[j, h, s] with s = slot[dist + L - 1] clamped to
+// [0, slots). Given exactly when c2p or p2c is.
 cudaError_t attention_fwd(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                           int64_t total, int64_t batch, int64_t heads, int64_t head_dim, int64_t max_seqlen,
                           int64_t window_left, int64_t window_right, float scale, int dtype, cudaStream_t stream,
-                          float* lse = nullptr, const float* bias = nullptr, int64_t bias_len = 0);
+                          float* lse = nullptr, const float* bias = nullptr, int64_t bias_len = 0,
+                          const int32_t* positions = nullptr, const void* c2p = nullptr, const void* p2c = nullptr,
+                          const int32_t* slot = nullptr, int64_t slot_len = 0, int64_t slots = 0);
 bool attention_head_dim_supported(int64_t head_dim);
 
 }  // namespace fastenc_cuda

@@ -27,6 +27,13 @@ struct Params {
   float* lse;                   // (heads, total_tokens) fp32 natural log-sum-exp per row, or null
   const float* bias;            // distance bias lookup (heads, bias_len = 2L - 1) fp32, or null:
   int bias_len;                 //   s_ij += bias[head, i - j + L - 1] (an index outside the lookup adds nothing)
+  // Relative terms (the kRel kernels; rel_len = 2L - 1, the length of bias and slot when both are given):
+  const int32_t* positions;     // (total,) per-token positions, read clamped to [0, L), or null: i - j becomes
+  int rel_len;                  //   positions[i] - positions[j]
+  const void* c2p;              // DeBERTa's disentangled terms (total, heads, slots) in T, or null:
+  const void* p2c;              //   s_ij += c2p[i, head, slot] + p2c[j, head, slot],
+  const int32_t* slot;          //   slot = slot_lut[dist + L - 1] (2L - 1,) clamped to [0, slots); null: no c2p/p2c
+  int slots;
 };
 
 // Shared memory: Q tile, then K[2], V[2] tiles; rows padded by 8 elements (16 bytes) so the 8 row addresses
@@ -105,6 +112,30 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int row0
   }
 }
 
+// The relative terms of query (position pos_i, c2p row c2p_i or null) and key `key` of the sequence starting at
+// seq_start, in log2 units: bias[pos_i - pos_j + L - 1] + c2p_i[slot] + p2c[key, head, slot] (rel_len = 2L - 1).
+template <typename T>
+__device__ __forceinline__ float rel_score(const Params& p, const float* bias_h, int pos_i, const T* c2p_i,
+                                           int seq_start, int key, int head) {
+  const int mid = (p.rel_len - 1) / 2;
+  const int pos_j = p.positions != nullptr ? min(max(__ldg(p.positions + seq_start + key), 0), mid) : key;
+  const int dist = pos_i - pos_j;
+  float x = 0.f;
+  if (bias_h != nullptr) {
+    const int bi = dist + mid;
+    if (bi >= 0 && bi < p.bias_len) x += __ldg(bias_h + bi);
+  }
+  if (p.slot != nullptr) {
+    const int si = min(max(dist + mid, 0), p.rel_len - 1);
+    const int sl = min(max(__ldg(p.slot + si), 0), p.slots - 1);
+    if (c2p_i != nullptr) x += to_float(c2p_i[sl]);
+    if (p.p2c != nullptr)
+      x += to_float(
+          static_cast<const T*>(p.p2c)[(static_cast<int64_t>(seq_start + key) * p.heads + head) * p.slots + sl]);
+  }
+  return x * 1.4426950408889634f;
+}
+
 // Grid: x = m_blocks * batch (query tile, sequence), y = head. Block: 4 warps; warp w owns query rows
 // m0 + 16w .. m0 + 16w + 15. Fragment coordinates of m16n8k16 (lane = 4g + t): accumulator element e of
 // n-tile j sits at row g + 8*(e >> 1), column 8j + 2t + (e & 1).
@@ -112,7 +143,10 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int row0
 // Online softmax per query row, over key tiles (scores s already scaled by scale*log2 e):
 //   m' = max(m, max_j s_j);  p_j = 2^(s_j - m');  l' = l * 2^(m - m') + sum_j p_j;  O' = O * 2^(m - m') + P V
 // and at the end out = O / l (a row with no visible key has l = 0 and gives 0).
-template <typename T, int D>
+//
+// kRel (positions / c2p / p2c given): the distance is pos_i - pos_j and c2p / p2c are gathered through the slot lookup
+// per score element; every position and slot read is clamped into its table, only pairs inside the sequence read.
+template <typename T, int D, bool kRel>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   using L = Layout<D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -142,6 +176,20 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   const int wl = p.window_left, wr = p.window_right;
   const float* bias_h = p.bias != nullptr ? p.bias + static_cast<int64_t>(head) * p.bias_len : nullptr;
   const int bias_mid = (p.bias_len - 1) / 2;
+  // kRel: this thread's two query rows (g, g + 8 of its warp): positions and c2p rows (null past the sequence end).
+  const int rel_mid = (p.rel_len - 1) / 2;
+  int pos_r[2] = {0, 0};
+  const T* c2p_r[2] = {nullptr, nullptr};
+  if constexpr (kRel) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + warp * 16 + g + h * 8;
+      if (row >= len) continue;
+      pos_r[h] = p.positions != nullptr ? min(max(__ldg(p.positions + seq_start + row), 0), rel_mid) : row;
+      if (p.c2p != nullptr)
+        c2p_r[h] = static_cast<const T*>(p.c2p) + (static_cast<int64_t>(seq_start + row) * p.heads + head) * p.slots;
+    }
+  }
 
   // Keys any row of this tile can see: [n_lo, n_hi) (non-empty: it contains m0).
   const int m_last = min(m0 + kBlockM, len) - 1;
@@ -211,7 +259,9 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
         float x = s[j][e] * p.scale_log2;
         const int key = n0 + j * 8 + 2 * t + (e & 1);
         const int row = m0 + warp * 16 + g + (e >> 1) * 8;
-        if (bias_h != nullptr) {
+        if constexpr (kRel) {
+          if (row < len && key < len) x += rel_score<T>(p, bias_h, pos_r[e >> 1], c2p_r[e >> 1], seq_start, key, head);
+        } else if (bias_h != nullptr) {
           const int bi = row - key + bias_mid;
           if (bi >= 0 && bi < p.bias_len) x += __ldg(bias_h + bi) * 1.4426950408889634f;
         }
@@ -307,13 +357,16 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
 }
 
 // Launch for one (dtype, head dim); defined in flash_fwd_<dtype>.cu.
+// (the kRel instance when positions or a slot lookup is given).
 template <typename T, int D>
 cudaError_t run_flash_fwd(const Params& p, cudaStream_t stream) {
   const int bytes = Layout<D>::kBytes;
-  cudaError_t err = cudaFuncSetAttribute(flash_fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const bool rel = p.positions != nullptr || p.slot != nullptr;
+  auto kernel = rel ? flash_fwd_kernel<T, D, true> : flash_fwd_kernel<T, D, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p.m_blocks) * static_cast<unsigned>(p.batch), static_cast<unsigned>(p.heads));
-  flash_fwd_kernel<T, D><<<grid, kThreads, bytes, stream>>>(p);
+  kernel<<<grid, kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -4,7 +4,9 @@ head, sequence) loops over the key tiles of its band with the online softmax, ne
 Packed variable-length layout (FlashAttention's varlen convention): q, k, v, out (total_tokens, heads, head_dim),
 cu_seqlens int32 (batch + 1,). A sliding window (left, right) restricts query i to keys i-left..i+right and the
 loop to the tiles that intersect that band. fp16/bf16 operands go to tl.dot with fp32 accumulation (wgmma on
-sm_90, mma on sm_80); fp32 operands use IEEE fp32 dots (no TF32) to meet the fp32 tolerance.
+sm_90, mma on sm_80); fp32 operands use IEEE fp32 dots (no TF32) to meet the fp32 tolerance. Relative-position
+terms (a distance bias lookup, per-token positions, DeBERTa's c2p / p2c through a per-distance slot lookup) are added
+to the scores inside the tile loop, each behind a constexpr flag, so the plain kernel pays nothing for them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastenc.kernels._attention_rel import _disentangled, _positions, check_relative
 from fastenc.kernels._util import on_device
 from fastenc.reference.attention_dropout import call_key, threshold
 
@@ -85,10 +88,11 @@ def check_bias(bias: torch.Tensor | None, heads: int, max_seqlen: int, device) -
 
 @triton.jit
 def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride_h, window_left, window_right,
-                          qk_scale, drop_key, drop_thr, drop_scale, BIAS, bias_len,
+                          qk_scale, drop_key, drop_thr, drop_scale, BIAS, bias_len, POS, C2P, P2C, SLOT, slots,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
+                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_POS: tl.constexpr = False,
+                          HAS_C2P: tl.constexpr = False, HAS_P2C: tl.constexpr = False):
     # Program (query tile m, sequence b) on grid axis 0 = m_blocks * batch (sequence-major, as the CUDA kernel:
     # grid y and z stop at 65,535), head h on axis 1. Base-2 online softmax over key tiles j, with
     # s = q.k * scale * log2(e) (so e^(scale q.k) = 2^s):
@@ -104,6 +108,9 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
     # out = (softmax * Z / (1-p)) V; lse is the undropped one.
     # HAS_BIAS (a distance bias lookup BIAS (heads, bias_len = 2L - 1) fp32): s_ij += BIAS[h, i - j + L - 1] * log2(e)
     # before the mask; an index outside the lookup reads nothing (the launcher checks L >= the longest sequence).
+    # HAS_POS: the distance is POS[i] - POS[j] (per-token positions clamped to [0, L)) instead of i - j.
+    # HAS_C2P / HAS_P2C (DeBERTa's disentangled terms, fastenc/kernels/_attention_rel.py; bias_len is then the
+    # common length 2L - 1 of BIAS and the slot lookup SLOT): s_ij += (C2P[i, h, slot] + P2C[j, h, slot]) * log2(e).
     pid = tl.program_id(0)
     b = pid // m_blocks
     pid_m = pid - b * m_blocks
@@ -135,6 +142,9 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
 
     if DROPOUT:
         rkeys = _dropout_row_keys(drop_key, h, start + offs_m)
+    pos_m = offs_m
+    if HAS_POS:
+        pos_m = _positions(POS, start + offs_m, row_ok, bias_len)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -148,8 +158,17 @@ def _attention_fwd_kernel(Q, K, V, O, LSE, CU, total, m_blocks, stride_t, stride
         else:
             s = tl.dot(q, kt)
         s = s * qk_scale
+        if HAS_BIAS or HAS_C2P or HAS_P2C:
+            if HAS_POS:
+                dist = pos_m[:, None] - _positions(POS, start + cols, col_ok, bias_len)[None, :]
+            else:
+                dist = pos_m[:, None] - cols[None, :]
         if HAS_BIAS:
-            s += _distance_bias(BIAS, bias_len, h, offs_m[:, None] - cols[None, :])
+            s += _distance_bias(BIAS, bias_len, h, dist)
+        if HAS_C2P or HAS_P2C:
+            rel, _ = _disentangled(C2P, P2C, SLOT, bias_len, slots, h, start + offs_m[:, None], start + cols[None, :],
+                                   dist, row_ok[:, None] & col_ok[None, :], HAS_C2P, HAS_P2C)
+            s += rel
         keep = col_ok[None, :]
         if HAS_LEFT:
             keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
@@ -212,16 +231,20 @@ class AttentionConfig:
     num_stages: int
 
 
-def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, biased: bool = False) -> AttentionConfig:
+def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, biased: bool = False,
+                   disentangled: bool = False) -> AttentionConfig:
     """Analytical choice per head dim and GPU generation (cc = major*10+minor; None = CPU interpreter).
 
     The fp32 accumulator (BLOCK_M x BLOCK_D) and the q tile live in registers: wide heads get shorter query
-    tiles so nothing spills; sm_90 has the shared memory for deeper K/V pipelines than sm_80.
+    tiles so nothing spills; sm_90 has the shared memory for deeper K/V pipelines than sm_80. biased: a distance
+    bias or positions; disentangled: c2p / p2c too (their gathers' registers: lighter fp32 tiles).
     """
     bd = block_d(head_dim)
     masked = head_dim != bd  # a live head-dim mask (unaligned rows) costs registers: lighter tiles
     if cc is None:  # interpreter: few large tiles (its cost grows with the number of tile steps)
         return AttentionConfig(64, 64, 4, 1)
+    if disentangled and dtype == torch.float32 and bd <= 128:  # 64 x 16 x 2 stages / 16 x 16 x 2 spilled 4-12 B
+        return AttentionConfig(64, 16, 8, 1) if bd <= 64 else AttentionConfig(16, 16, 4, 1)
     if biased and dtype != torch.float32 and bd <= 128:  # the bias gather tile: 128 x 64 spilled once windowed
         return AttentionConfig(128, 32, 8, 2)
     if dtype == torch.float32:  # IEEE fp32 dots: twice the register and shared-memory footprint
@@ -301,29 +324,34 @@ def _autotune(key: str, run, head_dim: int, dtype: torch.dtype, cc: int) -> Atte
     return best
 
 
-def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run, biased: bool = False) -> AttentionConfig:
+def _choose(q: torch.Tensor, max_seqlen: int, windowed: bool, run, biased: bool = False,
+            disentangled: bool = False) -> AttentionConfig:
     d = q.shape[-1]
     if not q.is_cuda:
         return default_config(d, q.dtype, None)
     major, minor = torch.cuda.get_device_capability(q.device)
     cc = major * 10 + minor
     if os.environ.get("FASTENC_AUTOTUNE", "0") in ("", "0"):
-        return default_config(d, q.dtype, cc, biased)
+        return default_config(d, q.dtype, cc, biased, disentangled)
     key = f"sm{cc}|{str(q.dtype).replace('torch.', '')}|d{d}|s{triton.next_power_of_2(max(max_seqlen, 16))}|w{int(windowed)}"
-    key += "|bias" if biased else ""
+    key += ("|bias" if biased else "") + ("|c2p" if disentangled else "")
     tuned = _load_tuned().get(key)
     return tuned if tuned is not None else _autotune(key, run, d, q.dtype, cc)
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                   window_left: int, window_right: int, scale: float, dropout_p: float = 0.0, seed: int = 0,
-                  offset: int = 0, bias: torch.Tensor | None = None,
+                  offset: int = 0, bias: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                  c2p: torch.Tensor | None = None, p2c: torch.Tensor | None = None, slot: torch.Tensor | None = None,
                   config: AttentionConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k, v: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; cu_seqlens int32 (batch + 1,);
     window -1 = unbounded; dropout_p > 0: attention dropout with the keep-mask of (seed, offset). Returns (out like q, lse (heads, total_tokens) fp32). `config` overrides the
     heuristic / autotuned choice. max_seqlen must be >= every length (it sizes the grid; fastenc.ops.attention
     passes the longest it read). Memory-safe with any cu_seqlens values: the kernel clamps them to
-    [0, total_tokens]. bias: a distance lookup (heads, 2L - 1) fp32, L >= max_seqlen (fastenc/ops/attention.py)."""
+    [0, total_tokens]. bias: a distance lookup (heads, 2L - 1) fp32, L >= max_seqlen (fastenc/ops/attention.py).
+    positions: int32 (total_tokens,), each token's position for the relative terms (read clamped to [0, L)).
+    c2p, p2c: DeBERTa's disentangled terms (total_tokens, heads, slots) in q's dtype, read through slot, the
+    per-distance slot lookup int32 (2L - 1,) (fastenc/kernels/_attention_rel.py); no extra memory."""
     total, heads, d = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((heads, total), dtype=torch.float32, device=q.device)
@@ -341,18 +369,20 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
 
     drop = dropout_args(dropout_p, seed, offset)
     bias, bias_len = check_bias(bias, heads, max_seqlen, q.device)
+    rel = check_relative(q, bias, bias_len, max_seqlen, positions, c2p, p2c, slot)
 
     def run(cfg: AttentionConfig) -> None:
         m_blocks, grid = launch_grid(max_seqlen, total, batch, heads, cfg.block_m)
         _attention_fwd_kernel[grid](
             q, k, v, out, lse, cu, total, m_blocks, heads * d, d, max(wl, 0), max(wr, 0), scale * LOG2E, *drop,
-            lse if bias is None else bias, bias_len,
+            lse if bias is None else bias, rel.rel_len, *rel.pointers(cu, q),
             D=d, BLOCK_D=block_d(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             HAS_LEFT=wl >= 0, HAS_RIGHT=wr >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
-            HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            HAS_BIAS=bias is not None, **rel.flags(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     with on_device(q):
-        cfg = config or _choose(q, max_seqlen, wl >= 0 or wr >= 0, run, bias is not None)
+        cfg = config or _choose(q, max_seqlen, wl >= 0 or wr >= 0, run, bias is not None or rel.any,
+                                rel.slot is not None)
         run(cfg)
     return out, lse
 
@@ -361,7 +391,8 @@ def compile_specs() -> list[dict]:
     """Ahead-of-time compile configurations (see fastenc/kernels/_compile.py; each is compiled for sm_90 and sm_80): the
     heuristic's launch configs over every BLOCK_D the backend can get (head dims 8..256, multiples of 8 -> 16,
     32, 64, 128, 256), fp16 and bf16 with the sm_90 and sm_80 choices, fp32, ModernBERT's windowed bf16
-    case, and the dropout variants of three of them. Head dims that are not a power of two (8, 24, 40, 80, 200)
+    case, the dropout variants of three of them, the distance bias's, and the relative terms' (positions, c2p, p2c,
+    alone and together, with the bias, a window and dropout). Head dims that are not a power of two (8, 24, 40, 80, 200)
     exercise the head-dim mask and its configs."""
     specs = []
     cases = [("fp16", torch.float16, 8, False, 90), ("bf16", torch.bfloat16, 24, False, 90),
@@ -378,23 +409,34 @@ def compile_specs() -> list[dict]:
         ("fp32", torch.float32, 128, False, 80, True, False)] + [  # the distance bias (MPNet: d64; windowed)
         ("fp16", torch.float16, 64, False, 90, False, True), ("bf16", torch.bfloat16, 64, True, 90, False, True),
         ("fp32", torch.float32, 64, False, 80, False, True)]
-    for tname, dtype, d, windowed, cc, dropout, biased in cases:
-        cfg = default_config(d, dtype, cc, biased)
+    cases = [c + ("",) for c in cases] + [  # relative terms: positions (p), DeBERTa's c2p / p2c (c, q)
+        ("fp16", torch.float16, 64, False, 90, False, True, "p"),
+        ("bf16", torch.bfloat16, 64, False, 90, False, False, "cq"),
+        ("fp16", torch.float16, 64, False, 80, False, False, "pcq"),
+        ("bf16", torch.bfloat16, 128, False, 90, False, False, "q"),
+        ("bf16", torch.bfloat16, 64, True, 80, True, True, "pcq"),
+        ("fp32", torch.float32, 64, False, 90, False, False, "c"),
+        ("fp32", torch.float32, 128, False, 80, False, True, "pcq")]
+    for tname, dtype, d, windowed, cc, dropout, biased, rel in cases:
+        cfg = default_config(d, dtype, cc, biased or bool(rel), "c" in rel or "q" in rel)
         ptr = "*" + tname
         specs.append({
             "name": f"attention_{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}"
-                    f"{'_bias' if biased else ''}_cfg{cc}",
+                    f"{'_bias' if biased else ''}{'_rel' + rel if rel else ''}_cfg{cc}",
             "fn": _attention_fwd_kernel,
             "signature": {"Q": ptr, "K": ptr, "V": ptr, "O": ptr, "LSE": "*fp32", "CU": "*i32", "total": "i32",
                           "m_blocks": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
                           "window_right": "i32", "qk_scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
-                          "drop_scale": "fp32", "BIAS": "*fp32", "bias_len": "i32", "D": "constexpr",
+                          "drop_scale": "fp32", "BIAS": "*fp32", "bias_len": "i32", "POS": "*i32", "C2P": ptr,
+                          "P2C": ptr, "SLOT": "*i32", "slots": "i32", "D": "constexpr",
                           "BLOCK_D": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                           "HAS_LEFT": "constexpr", "HAS_RIGHT": "constexpr", "IEEE": "constexpr",
-                          "DROPOUT": "constexpr", "HAS_BIAS": "constexpr"},
+                          "DROPOUT": "constexpr", "HAS_BIAS": "constexpr", "HAS_POS": "constexpr",
+                          "HAS_C2P": "constexpr", "HAS_P2C": "constexpr"},
             "constexprs": {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m,
                            "BLOCK_N": cfg.block_n, "HAS_LEFT": windowed, "HAS_RIGHT": windowed,
-                           "IEEE": dtype == torch.float32, "DROPOUT": dropout, "HAS_BIAS": biased},
+                           "IEEE": dtype == torch.float32, "DROPOUT": dropout, "HAS_BIAS": biased,
+                           "HAS_POS": "p" in rel, "HAS_C2P": "c" in rel, "HAS_P2C": "q" in rel},
             "divisible_by_16": ["stride_t", "stride_h"] if d % 16 == 0 else [],
             "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages,

@@ -17,6 +17,10 @@ A gradient not needed skips its kernel (dQ, or dK/dV).
 A distance bias (HAS_BIAS: lookup BIAS (heads, 2L - 1), fastenc/kernels/attention.py) is added to s in both
 kernels; its gradient dBIAS[h, i - j + L - 1] += dS_ij is accumulated by the dQ kernel (which then always runs) with
 fp32 atomics: not bit-reproducible from run to run on a GPU (the cpu backend's is).
+Per-token positions and DeBERTa's c2p / p2c (fastenc/kernels/_attention_rel.py) are added to s as in the forward;
+dC2P[i, h, slot(i, j)] += dS_ij is accumulated by the dQ kernel and dP2C[j, h, slot(i, j)] += dS_ij by the dK/dV
+kernel, each into rows of tokens only that program owns (fp32 atomics, since pairs of one row can share a slot);
+each kernel then runs whatever need_dq / need_dkdv say.
 cu_seqlens is read by the kernels and clamped to [0, total_tokens] where read, so no access leaves the tensors.
 """
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastenc.kernels._attention_rel import _disentangled, _positions, _scatter_rel, check_relative
 from fastenc.kernels._util import on_device
 from fastenc.kernels.attention import _distance_bias, _dropout_keep, _dropout_row_keys, check_bias, dropout_args
 
@@ -58,9 +63,11 @@ def _attention_bwd_preprocess_kernel(O, DO, DELTA, total, stride_t, stride_h,
 @triton.jit
 def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_tiles, stride_t, stride_h, window_left,
                                window_right, qk_scale, scale, drop_key, drop_thr, drop_scale, BIAS, bias_len,
+                               POS, C2P, P2C, SLOT, DP2C, slots,
                                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                               DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
+                               DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_POS: tl.constexpr = False,
+                               HAS_C2P: tl.constexpr = False, HAS_P2C: tl.constexpr = False):
     # Program (key tile n, sequence b) on grid axis 0 = n_tiles * batch (grid y/z stop at 65,535), head h on
     # axis 1. In base 2, s = q.k * scale * log2(e), lse2 = lse * log2(e):
     #   for each query tile i of the band (queries i with j - right <= i <= j + left):
@@ -70,6 +77,8 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
     #     dK  += dS^T Q
     #   dK *= scale.
     # DROPOUT: Pd^T = P^T * Z^T / (1-p);  dV += Pd^T dO;  dS^T = Pd^T * dP^T - P^T * D.
+    # Relative terms (fastenc/kernels/_attention_rel.py) are added to s^T as in the forward; HAS_P2C:
+    # dP2C[j, h, slot(i, j)] += dS_ij for the keys j of this tile (fp32 atomics into rows only this program writes).
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_n = pid - b * n_tiles
@@ -89,6 +98,9 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
     k = tl.load(K + kv_ptr, mask=kv_mask, other=0.0)
     v = tl.load(V + kv_ptr, mask=kv_mask, other=0.0)
     row_base = h.to(tl.int64) * total + start
+    pos_n = offs_n
+    if HAS_POS:
+        pos_n = _positions(POS, start + offs_n, col_ok, bias_len)
 
     lo = 0
     hi = seqlen
@@ -114,8 +126,18 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
         else:
             st = tl.dot(k, tl.trans(q))
         st = st * qk_scale
+        if HAS_BIAS or HAS_C2P or HAS_P2C:
+            if HAS_POS:
+                dist = _positions(POS, start + rows, row_ok, bias_len)[None, :] - pos_n[:, None]
+            else:
+                dist = rows[None, :] - pos_n[:, None]
         if HAS_BIAS:
-            st += _distance_bias(BIAS, bias_len, h, rows[None, :] - offs_n[:, None])
+            st += _distance_bias(BIAS, bias_len, h, dist)
+        if HAS_C2P or HAS_P2C:
+            rel, slot = _disentangled(C2P, P2C, SLOT, bias_len, slots, h, start + rows[None, :],
+                                      start + offs_n[:, None], dist, col_ok[:, None] & row_ok[None, :], HAS_C2P,
+                                      HAS_P2C)
+            st += rel
         keep = col_ok[:, None] & row_ok[None, :]
         if HAS_LEFT:
             keep = keep & (offs_n[:, None] >= rows[None, :] - window_left)
@@ -136,6 +158,8 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
             dst = pdt * dpt - pt * delta[None, :]
         else:
             dst = pt * (dpt - delta[None, :])
+        if HAS_P2C:
+            _scatter_rel(DP2C, start + offs_n[:, None], h, slots, slot, dst, keep)
         if IEEE:
             dk += tl.dot(dst, q, input_precision="ieee")
         else:
@@ -147,15 +171,19 @@ def _attention_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU, total, n_til
 @triton.jit
 def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, stride_t, stride_h, window_left,
                              window_right, qk_scale, scale, drop_key, drop_thr, drop_scale, BIAS, DBIAS, bias_len,
+                             POS, C2P, P2C, SLOT, DC2P, slots,
                              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IEEE: tl.constexpr,
-                             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False):
+                             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr = False, HAS_POS: tl.constexpr = False,
+                             HAS_C2P: tl.constexpr = False, HAS_P2C: tl.constexpr = False):
     # Program (query tile m, sequence b) on grid axis 0 = n_tiles * batch, head h on axis 1:
     #   for each key tile j of the band (keys j with i - left <= j <= i + right):
     #     P = 2^(s - lse2);  dP = dO V^T;  dS = P * (dP - D);  dQ += dS K
     #   dQ *= scale.
     # DROPOUT: dS = Pd * dP - P * D with Pd = P * Z / (1-p).
     # HAS_BIAS: s += bias(i - j); dBIAS[h, i - j + L - 1] += dS_ij (fp32 atomics, inside the lookup only).
+    # Relative terms as in the forward (i - j becomes POS[i] - POS[j] with HAS_POS); HAS_C2P:
+    # dC2P[i, h, slot(i, j)] += dS_ij for the queries i of this tile (fp32 atomics into rows only this program writes).
     pid = tl.program_id(0)
     b = pid // n_tiles
     pid_m = pid - b * n_tiles
@@ -179,6 +207,9 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
     delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
     if DROPOUT:
         rkeys = _dropout_row_keys(drop_key, h, start + offs_m)
+    pos_m = offs_m
+    if HAS_POS:
+        pos_m = _positions(POS, start + offs_m, row_ok, bias_len)
 
     lo = 0
     hi = seqlen
@@ -203,8 +234,18 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
         s = s * qk_scale
+        if HAS_BIAS or HAS_C2P or HAS_P2C:
+            if HAS_POS:
+                dist = pos_m[:, None] - _positions(POS, start + cols, col_ok, bias_len)[None, :]
+            else:
+                dist = pos_m[:, None] - cols[None, :]
         if HAS_BIAS:
-            s += _distance_bias(BIAS, bias_len, h, offs_m[:, None] - cols[None, :])
+            s += _distance_bias(BIAS, bias_len, h, dist)
+        if HAS_C2P or HAS_P2C:
+            rel, slot = _disentangled(C2P, P2C, SLOT, bias_len, slots, h, start + offs_m[:, None],
+                                      start + cols[None, :], dist, row_ok[:, None] & col_ok[None, :], HAS_C2P,
+                                      HAS_P2C)
+            s += rel
         keep = row_ok[:, None] & col_ok[None, :]
         if HAS_LEFT:
             keep = keep & (cols[None, :] >= offs_m[:, None] - window_left)
@@ -217,9 +258,11 @@ def _attention_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU, total, n_tiles, st
         else:
             ds = p * (dp - delta[:, None])
         if HAS_BIAS:
-            bidx = offs_m[:, None] - cols[None, :] + (bias_len - 1) // 2
+            bidx = dist + (bias_len - 1) // 2
             tl.atomic_add(DBIAS + h.to(tl.int64) * bias_len + bidx, ds,
                           mask=keep & (bidx >= 0) & (bidx < bias_len))
+        if HAS_C2P:
+            _scatter_rel(DC2P, start + offs_m[:, None], h, slots, slot, ds, keep)
         if IEEE:
             dq += tl.dot(ds, k, input_precision="ieee")
         else:
@@ -243,17 +286,23 @@ def block_d(head_dim: int) -> int:
 
 
 def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: bool = False,
-                   biased: bool = False) -> AttentionBwdConfig:
+                   biased: bool = False, disentangled: bool = False) -> AttentionBwdConfig:
     """Analytical choice per head dim (cc = major*10+minor; None = CPU interpreter). dK and dV (or dQ) accumulate
     in fp32 registers next to the K, V (or Q, dO) tiles: wide heads get shorter tiles so nothing spills. The
     dropout hash's temporaries (per tile element) take registers too: fp16/bf16 head dims 72..128 go to 64 x 32
     tiles, 136..256 to 16 x 32 (64 x 64 spilled 24 B at head dim 128 on sm_90, 32 x 32 16 B at 256 on sm_80).
     The distance bias's gather and atomics (biased) in fp32: 16 x 16 tiles over 4 warps up to head dim 64, the
     dropout path's 16 x 32 up to 128 (32 x 32 x 8 warps, 16 x 32 and 32 x 16 x 4 warps each spilled 4-8 B in the
-    dQ kernel at head dim 64 on sm_80)."""
+    dQ kernel at head dim 64 on sm_80). DeBERTa's c2p / p2c (disentangled: their gathers and scatter atomics): 64 x 32
+    tiles up to head dim 64, 16 x 32 beyond (64 x 64 spilled 2 KB in the dK/dV kernel, 32 x 32 8-20 B), fp32
+    16 x 16 over 4 warps up to 64 and 8 beyond."""
     bd = block_d(head_dim)
     if cc is None:  # interpreter: few large tiles
         return AttentionBwdConfig(64, 64, 4, 1)
+    if disentangled:
+        if dtype == torch.float32:
+            return AttentionBwdConfig(16, 16, 4 if bd <= 64 else 8, 1)
+        return AttentionBwdConfig(64, 32, 8, 1) if bd <= 64 else AttentionBwdConfig(16, 32, 8, 1)
     if dtype == torch.float32:  # IEEE fp32 dots (no tensor-core path): small tiles over 8 warps
         if biased and bd <= 64:
             return AttentionBwdConfig(16, 16, 4, 1)
@@ -272,54 +321,76 @@ def default_config(head_dim: int, dtype: torch.dtype, cc: int | None, dropout: b
 def attention_bwd(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, window_left: int, window_right: int,
                   scale: float, dropout_p: float = 0.0, seed: int = 0, offset: int = 0, need_dq: bool = True,
-                  need_dkdv: bool = True, bias: torch.Tensor | None = None, config: AttentionBwdConfig | None = None):
+                  need_dkdv: bool = True, bias: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                  c2p: torch.Tensor | None = None, p2c: torch.Tensor | None = None, slot: torch.Tensor | None = None,
+                  config: AttentionBwdConfig | None = None):
     """grad, q, k, v, out: (total_tokens, heads, head_dim) contiguous fp16/bf16/fp32; lse: (heads, total_tokens)
     fp32 from the forward; cu_seqlens int32 (batch + 1,); window -1 = unbounded; dropout_p, seed, offset: the
     forward's. Returns (dq, dk, dv) like q; one not needed (need_dq / need_dkdv false) is empty and its kernel
-    does not run. bias: the forward's distance lookup (heads, 2L - 1) fp32, L >= max_seqlen: then
-    (dq, dk, dv, dbias), dbias like bias (the dQ kernel runs whatever need_dq says)."""
+    does not run. bias, positions, c2p, p2c, slot: the forward's relative terms (fastenc/kernels/attention.py); given
+    any of them the result is (dq, dk, dv, dbias, dc2p, dp2c): dbias (heads, 2L - 1), dc2p / dp2c (total_tokens,
+    heads, slots), all fp32 (fastenc::attention_bwd_bias casts dc2p / dp2c to c2p's dtype), each empty whose input
+    is None. dbias and dc2p come from the dQ kernel, dp2c from the dK/dV kernel (each then runs whatever need_dq /
+    need_dkdv say). Extra memory: the fp32 dc2p / dp2c buffers, tokens x heads x slots each."""
     total, heads, d = q.shape
     bias, bias_len = check_bias(bias, heads, max_seqlen, q.device)
+    rel = check_relative(q, bias, bias_len, max_seqlen, positions, c2p, p2c, slot, "attention backward (triton)")
     dbias = None if bias is None else torch.zeros_like(bias)
-    run_dq = need_dq or bias is not None
+    drel = [None if t is None else torch.zeros(t.shape, dtype=torch.float32, device=q.device)
+            for t in (rel.c2p, rel.p2c)]
+    run_dq = need_dq or bias is not None or rel.c2p is not None
+    run_dkdv = need_dkdv or rel.p2c is not None
     dq = torch.empty_like(q) if run_dq else q.new_empty(0)
-    dk = torch.empty_like(k) if need_dkdv else q.new_empty(0)
-    dv = torch.empty_like(v) if need_dkdv else q.new_empty(0)
+    dk = torch.empty_like(k) if run_dkdv else q.new_empty(0)
+    dv = torch.empty_like(v) if run_dkdv else q.new_empty(0)
     batch = cu_seqlens.numel() - 1
+    any_rel = bias is not None or rel.any
+    result = (lambda: _result(dq, dk, dv, dbias, need_dq, need_dkdv, drel if any_rel else None))
     if total == 0 or batch == 0 or heads == 0:
-        return _result(dq.zero_(), dk.zero_(), dv.zero_(), dbias, need_dq)
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return result()
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     grad, q, k, v, out = (t.contiguous() for t in (grad, q, k, v, out))
     lse = lse.contiguous()
     delta = torch.empty((heads, total), dtype=torch.float32, device=q.device)
     bd = block_d(d)
-    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0, bias is not None)
+    cfg = config or default_config(d, q.dtype, None if not q.is_cuda else _cc(q), dropout_p > 0,
+                                   bias is not None or rel.any, rel.slot is not None)
     common = dict(D=d, BLOCK_D=bd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HAS_LEFT=window_left >= 0,
                   HAS_RIGHT=window_right >= 0, IEEE=q.dtype == torch.float32, DROPOUT=dropout_p > 0,
-                  HAS_BIAS=bias is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  HAS_BIAS=bias is not None, **rel.flags(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if heads > 65535:
         raise ValueError(f"attention backward (triton): heads must be <= 65535 (grid axis 1), got {heads}")
     rest = (heads * d, d, max(window_left, 0), max(window_right, 0), scale * LOG2E, scale,
             *dropout_args(dropout_p, seed, offset))
     b_ptr = delta if bias is None else bias  # (not read without HAS_BIAS)
     db_ptr = delta if dbias is None else dbias
+    pos, c2p, p2c, slot, slots = rel.pointers(cu, q)
+    dc2p, dp2c = (delta if t is None else t for t in drel)
     seq = max(min(max_seqlen, total), 1)
     n_kv, n_q = triton.cdiv(seq, cfg.block_n), triton.cdiv(seq, cfg.block_m)
     with on_device(q):
         _attention_bwd_preprocess_kernel[(triton.cdiv(total, 64), heads)](
             out, grad, delta, total, heads * d, d, D=d, BLOCK_D=bd, BLOCK_T=64)
-        if need_dkdv:
+        if run_dkdv:
             _attention_bwd_dkdv_kernel[(n_kv * batch, heads)](
-                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, b_ptr, bias_len, **common)
+                q, k, v, grad, lse, delta, dk, dv, cu, total, n_kv, *rest, b_ptr, rel.rel_len, pos, c2p, p2c, slot,
+                dp2c, slots, **common)
         if run_dq:
             _attention_bwd_dq_kernel[(n_q * batch, heads)](
-                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, b_ptr, db_ptr, bias_len, **common)
-    return _result(dq, dk, dv, dbias, need_dq)
+                q, k, v, grad, lse, delta, dq, cu, total, n_q, *rest, b_ptr, db_ptr, rel.rel_len, pos, c2p, p2c,
+                slot, dc2p, slots, **common)
+    return result()
 
 
-def _result(dq, dk, dv, dbias, need_dq):
+def _result(dq, dk, dv, dbias, need_dq, need_dkdv, drel):
+    """(dq, dk, dv) or, with a relative term, (dq, dk, dv, dbias, dc2p, dp2c), the last three fp32 and empty where
+    their input is None."""
     dq = dq if need_dq else dq.new_empty(0)
-    return (dq, dk, dv) if dbias is None else (dq, dk, dv, dbias)
+    dk, dv = (dk, dv) if need_dkdv else (dk.new_empty(0), dv.new_empty(0))
+    if drel is None:
+        return dq, dk, dv
+    return (dq, dk, dv) + tuple(dq.new_empty(0, dtype=torch.float32) if t is None else t for t in (dbias, *drel))
 
 
 def _cc(t: torch.Tensor) -> int:
@@ -330,7 +401,8 @@ def _cc(t: torch.Tensor) -> int:
 def compile_specs() -> list[dict]:
     """Ahead-of-time compile configurations (fastenc/kernels/_compile.py; each compiled for sm_90 and sm_80): the three
     kernels at the heuristic's config for head dims 64 and 128 (fp16, bf16), 256 (bf16), a windowed bf16 case and
-    fp32, and the dropout variants at each of the four dropout configs."""
+    fp32, the dropout variants at each of the four dropout configs, the distance bias's, and the relative terms'
+    (positions, c2p, p2c alone and together, with the bias, a window and dropout)."""
     specs = []
     cases = [("fp16", torch.float16, 64, False, False), ("bf16", torch.bfloat16, 64, True, False),
              ("bf16", torch.bfloat16, 128, False, False), ("fp16", torch.float16, 256, False, False),
@@ -340,32 +412,39 @@ def compile_specs() -> list[dict]:
     cases = [c + (False,) for c in cases] + [  # the distance bias (MPNet's d64; windowed with dropout; fp32)
         ("fp16", torch.float16, 64, False, False, True), ("bf16", torch.bfloat16, 64, True, True, True),
         ("fp32", torch.float32, 64, False, False, True)]
+    cases = [c + ("",) for c in cases] + [  # relative terms: positions (p), DeBERTa's c2p / p2c (c, q)
+        ("fp16", torch.float16, 64, False, False, True, "p"), ("bf16", torch.bfloat16, 64, False, False, False, "cq"),
+        ("fp16", torch.float16, 64, False, False, False, "pcq"),
+        ("bf16", torch.bfloat16, 128, False, False, False, "c"), ("bf16", torch.bfloat16, 64, True, True, True, "pcq"),
+        ("fp32", torch.float32, 64, False, False, False, "q"), ("fp32", torch.float32, 128, False, False, True, "pcq")]
     for cc in (90,):  # default_config does not depend on the GPU generation (yet): one config per case
-        for tname, dtype, d, windowed, dropout, biased in cases:
-            cfg = default_config(d, dtype, cc, dropout, biased)
+        for tname, dtype, d, windowed, dropout, biased, rel in cases:
+            cfg = default_config(d, dtype, cc, dropout, biased or bool(rel), "c" in rel or "q" in rel)
             ptr = "*" + tname
             ints = {"total": "i32", "n_tiles": "i32", "stride_t": "i32", "stride_h": "i32", "window_left": "i32",
                     "window_right": "i32", "qk_scale": "fp32", "scale": "fp32", "drop_key": "i32", "drop_thr": "i32",
                     "drop_scale": "fp32"}
             consts = {"D": d, "BLOCK_D": block_d(d), "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                       "HAS_LEFT": windowed, "HAS_RIGHT": windowed, "IEEE": dtype == torch.float32,
-                      "DROPOUT": dropout, "HAS_BIAS": biased}
+                      "DROPOUT": dropout, "HAS_BIAS": biased, "HAS_POS": "p" in rel, "HAS_C2P": "c" in rel,
+                      "HAS_P2C": "q" in rel}
             tag = (f"{tname}_d{d}{'_window' if windowed else ''}{'_dropout' if dropout else ''}"
-                   f"{'_bias' if biased else ''}_cfg{cc}")
+                   f"{'_bias' if biased else ''}{'_rel' + rel if rel else ''}_cfg{cc}")
+            rel_sig = {"POS": "*i32", "C2P": ptr, "P2C": ptr, "SLOT": "*i32"}
             launch = {"divisible_by_16": ["stride_t", "stride_h"], "num_warps": cfg.num_warps,
                       "num_stages": cfg.num_stages}
             sig_c = {k: "constexpr" for k in consts}
             specs.append({"name": f"attention_bwd_dkdv_{tag}", "fn": _attention_bwd_dkdv_kernel,
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
                                         "DK": ptr, "DV": ptr, "CU": "*i32", **ints, "BIAS": "*fp32",
-                                        "bias_len": "i32", **sig_c},
+                                        "bias_len": "i32", **rel_sig, "DP2C": "*fp32", "slots": "i32", **sig_c},
                           "constexprs": consts, **launch})
             specs.append({"name": f"attention_bwd_dq_{tag}", "fn": _attention_bwd_dq_kernel,
                           "signature": {"Q": ptr, "K": ptr, "V": ptr, "DO": ptr, "LSE": "*fp32", "DELTA": "*fp32",
                                         "DQ": ptr, "CU": "*i32", **ints, "BIAS": "*fp32", "DBIAS": "*fp32",
-                                        "bias_len": "i32", **sig_c},
+                                        "bias_len": "i32", **rel_sig, "DC2P": "*fp32", "slots": "i32", **sig_c},
                           "constexprs": consts, **launch})
-            if not windowed and not dropout and not biased:
+            if not windowed and not dropout and not biased and not rel:
                 specs.append({"name": f"attention_bwd_preprocess_{tname}_d{d}_cfg{cc}",
                               "fn": _attention_bwd_preprocess_kernel,
                               "signature": {"O": ptr, "DO": ptr, "DELTA": "*fp32", "total": "i32",

@@ -150,48 +150,6 @@ def no_bias(inputs) -> list[str]:
     return []
 
 
-def no_relative(inputs) -> list[str]:
-    """The reasons a backend without per-token positions / DeBERTa's disentangled terms gives when they are given
-    (added to its check, so the dispatcher passes it over saying why, never dropping a term)."""
-    why = []
-    if inputs.get("positions") is not None:
-        why.append("no positions")
-    if inputs.get("c2p") is not None or inputs.get("p2c") is not None:
-        why.append("no disentangled terms")
-    return why
-
-
-def legacy_bias_fwd(fn):
-    """wrap= of a forward kernel that takes the distance bias but not yet positions, c2p, p2c, slot (its check
-    declines those through no_relative, so they arrive as None): calls fn(..., offset, bias)."""
-    def call(*args, **kwargs):
-        if len(args) > 12:
-            if any(a is not None for a in args[12:]):
-                raise ValueError("attention: this backend serves no positions nor disentangled terms")
-            args = args[:12]
-        return fn(*args, **kwargs)
-    call.__name__ = getattr(fn, "__name__", "attention_fwd")
-    return call
-
-
-def legacy_bias_bwd(fn):
-    """wrap= of a backward kernel that takes the distance bias (as bias=) but not yet positions, c2p, p2c, slot
-    (declined by no_relative): calls fn(..., need_dkdv, bias=bias) and returns (dq, dk, dv, dbias, empty, empty)."""
-    def call(*args, **kwargs):
-        if len(args) <= 16:
-            return fn(*args, **kwargs)
-        if any(a is not None for a in args[17:]):
-            raise ValueError("attention_bwd: this backend serves no positions nor disentangled terms")
-        res = fn(*args[:16], bias=args[16], **kwargs)
-        q = args[1]
-        none = q.new_empty(0, dtype=torch.float32)
-        if len(res) == 3:
-            return (*res, none, none, none)
-        return (*res, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32))
-    call.__name__ = getattr(fn, "__name__", "attention_bwd")
-    return call
-
-
 def _head_dim(inputs) -> int:
     return int(inputs["q"].shape[-1])
 
@@ -227,10 +185,10 @@ def _cuda_check(inputs) -> list[str]:
 
 
 _backends.implement(OP_BWD, "reference", _reference)
-_backends.implement(OP_BWD, "triton", "fastenc.kernels.attention_bwd", "attention_bwd",
-                    check=lambda inputs: _triton_check(inputs) + no_relative(inputs),
-                    wrap=lambda fn: contiguous_args(5)(legacy_bias_bwd(fn)), limits="head_dim multiple of 8 <= 256; contiguous inputs (copied if not); "
-                                                 "CUDA, CPU tensors under TRITON_INTERPRET=1")
+_backends.implement(OP_BWD, "triton", "fastenc.kernels.attention_bwd", "attention_bwd", check=_triton_check,
+                    wrap=contiguous_args(5), limits="head_dim multiple of 8 <= 256; distance bias, positions, c2p/p2c; "
+                                                 "contiguous inputs (copied if not); CUDA, CPU tensors under "
+                                                 "TRITON_INTERPRET=1")
 # The cpu kernel reads fp32 q, k, v row-strided in place and, given grad_qkv, writes dq, dk, dv into its column
 # blocks (fastenc/ops/attention_qkv.py asks WRITES_GRAD_QKV).
 CPU_BWD = _backends.implement(OP_BWD, "cpu", "attention_bwd", check=_cpu_check,
@@ -238,11 +196,11 @@ CPU_BWD = _backends.implement(OP_BWD, "cpu", "attention_bwd", check=_cpu_check,
                                      "distance bias, positions, c2p/p2c")
 WRITES_GRAD_QKV = (CPU_BWD,)
 _backends.implement(OP_BWD, "cuda", "attention_bwd", dtypes=(torch.float16, torch.bfloat16),
-                    check=lambda inputs: _cuda_check(inputs) + no_relative(inputs),
-                    wrap=lambda _ext: contiguous_args(5)(legacy_bias_bwd(
-                        _backends.lazy("fastenc.kernels.attention_bwd", "attention_bwd"))),
+                    check=_cuda_check,
+                    wrap=lambda _ext: contiguous_args(5)(_backends.lazy("fastenc.kernels.attention_bwd",
+                                                                        "attention_bwd")),
                     limits="served by the Triton kernel (fastenc/kernels/attention_bwd.py); fp16/bf16, head_dim "
-                      "multiple of 8 <= 256")
+                      "multiple of 8 <= 256; distance bias, positions, c2p/p2c")
 
 
 def _bwd_inputs(grad, q, k, v, cu_seqlens, max_seqlen, wl, wr, scale, dropout_p=0.0, rel=None) -> dict:

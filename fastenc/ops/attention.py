@@ -47,8 +47,7 @@ from fastenc.ops import _backends
 from fastenc.ops._common import (INT64_MAX as _INT64_MAX, check_cu_seqlens, check_float, draw_seed_offset,
                                  needs_grad)
 from fastenc.ops._attention_bwd import (  # also registers attention_bwd
-    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, legacy_bias_fwd, no_relative,
-    setup_context)
+    _bwd_inputs, _cpu_check, _head_dim, _triton_check, backward, contiguous_args, setup_context)
 from fastenc.ops._library import custom_op
 from fastenc.padding import pad_input, unpad_input
 from fastenc.reference.attention import attention_varlen_ref
@@ -95,11 +94,10 @@ _backends.implement(OP, "reference", _reference)
 _attention_op.register_autograd(backward, setup_context)  # fastenc/ops/_attention_bwd.py
 
 
-_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd",
-                    check=lambda inputs: _triton_check(inputs) + no_relative(inputs),
-                    wrap=lambda fn: contiguous_args(3)(legacy_bias_fwd(fn)),
-                    limits="head_dim multiple of 8 <= 256; distance bias; contiguous q, k, v (copied if not); CUDA, CPU tensors "
-                        "under TRITON_INTERPRET=1")
+_backends.implement(OP, "triton", "fastenc.kernels.attention", "attention_fwd", check=_triton_check,
+                    wrap=contiguous_args(3),
+                    limits="head_dim multiple of 8 <= 256; distance bias, positions, c2p/p2c; contiguous q, k, v "
+                           "(copied if not); CUDA, CPU tensors under TRITON_INTERPRET=1")
 _backends.implement(OP, "cpu", "attention", check=_cpu_check,
                     limits="head_dim <= 256, fp32 math; distance bias, positions, c2p/p2c; fp32 q, k, v read in place "
                            "with one row stride")
@@ -108,12 +106,13 @@ _backends.implement(OP, "cpu", "attention", check=_cpu_check,
 def _cuda_check(inputs) -> list[str]:
     d = _head_dim(inputs)
     why = [] if d in (32, 64, 96, 128) else [f"head_dim must be 32, 64, 96 or 128, got {d}"]
-    return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else []) + no_relative(inputs)
+    return why + (["dropout_p > 0 not supported"] if inputs.get("dropout_p", 0.0) > 0 else [])
 
 
 _backends.implement(OP, "cuda", "attention_cuda", dtypes=(torch.float16, torch.bfloat16), check=_cuda_check,
-                    wrap=lambda fn: contiguous_args(3)(legacy_bias_fwd(fn)), limits="fp16/bf16, head_dim 32/64/96/128; distance bias; contiguous q, k, v (copied if not); "
-                                               "FlashAttention-2 on tensor cores (sm_80+)")
+                    wrap=contiguous_args(3), limits="fp16/bf16, head_dim 32/64/96/128; distance bias, positions, "
+                                                    "c2p/p2c; contiguous q, k, v (copied if not); FlashAttention-2 on "
+                                                    "tensor cores (sm_80+)")
 
 
 def _dropout_p(dropout_p) -> float:
