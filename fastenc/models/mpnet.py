@@ -109,18 +109,29 @@ class _RelativePlan(Plan):
     (heads, 2 * max_seqlen - 1), built once per forward from the relative-position table: the cpu kernel reads it
     (the same kernel and lookup fastenc.ops.attention runs with relative_bias=)."""
 
-    __slots__ = ("lut",)
+    __slots__ = ("lut", "positions")
 
-    def __init__(self, plan: Plan, lut: torch.Tensor):
+    def __init__(self, plan: Plan, lut: torch.Tensor, positions: torch.Tensor | None = None):
         super().__init__(plan.ext, plan.cu_seqlens, plan.max_seqlen, plan.record)
-        self.lut = lut
+        self.lut, self.positions = lut, positions
+
+    @staticmethod
+    def make(plan: Plan, table: torch.Tensor, positions: torch.Tensor | None) -> "_RelativePlan":
+        """plan with the lookup of `table` (NUM_BUCKETS, heads) for L = max(longest, positions.max() + 1) and the
+        tokens' positions (int (tokens,) padded columns, or None: the index within each sequence)."""
+        n = plan.max_seqlen
+        if positions is not None:
+            positions = positions.to(torch.int32).contiguous()
+            n = max(n, int(positions.max()) + 1 if positions.numel() else 0)
+        return _RelativePlan(plan, distance_bias(n, table.detach(), MAX_DISTANCE), positions)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window=None) -> torch.Tensor:
         if window is not None:
             raise ValueError(f"MPNet attention: window must be None (global attention), got {window!r}")
+        extra = {} if self.positions is None else {"positions": self.positions}  # (the kernel checks each in [0, L))
         with self._named("fastenc::attention"):
             return self.ext.attention(q, k, v, self.cu_seqlens, self.max_seqlen, -1, -1,
-                                      1.0 / math.sqrt(q.shape[-1]), 0.0, 0, 0, bias=self.lut)[0]
+                                      1.0 / math.sqrt(q.shape[-1]), 0.0, 0, 0, bias=self.lut, **extra)[0]
 
 
 class MPNetAttention(SelfAttention):
@@ -135,8 +146,8 @@ class MPNetAttention(SelfAttention):
         if rope is not None:
             raise ValueError("MPNetAttention: rope must be None (MPNet has no rotary positions)")
         if plan is not None:
-            if not isinstance(plan, _RelativePlan) or positions is not None:
-                raise ValueError("MPNetAttention: plan must be a _RelativePlan, without positions")
+            if not isinstance(plan, _RelativePlan):
+                raise ValueError("MPNetAttention: plan must be a _RelativePlan (the lookup and positions its own)")
             return super().attend(x, cu_seqlens, max_seqlen, plan=plan)
         if table is None:
             raise ValueError("MPNetAttention: table (the relative-position bias, (32, heads) fp32) is required")
@@ -283,10 +294,9 @@ class MPNetModel(bert.BertModel):
                              f"{type(token_type_ids).__name__}")
         input_ids, mask, _ = check_text_inputs(name, input_ids, attention_mask, None, cfg.vocab_size,
                                                cfg.max_position_embeddings)
-        if rows_with_holes(mask) is not None:
-            raise ValueError(f"{name}: each row of attention_mask must mark one contiguous run of real tokens (the "
-                             "relative-position bias is measured in padded columns)")
         batch, ids, pos = pack_text(input_ids, mask)
+        # rows with holes: each token's padded column is its position for the bias (transformers' padded arange)
+        positions = pos if rows_with_holes(mask) is not None else None
         rows, cols = padded_positions(mask) if padded else (padded_first_rows(mask) if column0 else None, None)
         if rows is not None:
             cols = torch.zeros_like(rows) if cols is None else cols
@@ -294,10 +304,10 @@ class MPNetModel(bert.BertModel):
         x = self.embeddings(ids, at)
         layers = self.blocks()
         table = self.relative_table()
-        kw = {"table": table, "positions": None}
+        kw = {"table": table, "positions": positions}
         plan = bert._plan(layers, x, batch.cu_seqlens)
         if plan is not None:  # (inference only: the lookup is built without autograd)
-            plan = _RelativePlan(plan, distance_bias(plan.max_seqlen, table.detach(), MAX_DISTANCE))
+            plan = _RelativePlan.make(plan, table, positions)
         if first_only and not (column0 or padded):
             if not len(layers) or batch.total == 0:
                 for layer in layers:
