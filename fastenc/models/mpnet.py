@@ -458,8 +458,10 @@ ARCHITECTURE = Architecture(
                    MPNetForQuestionAnswering, MPNetForMaskedLM),
     weight_map=weight_map,
     head_prefix="mpnet.",
-    inputs=frozenset({"input_ids", "attention_mask", "return_dict", "num_items_in_batch"}),
-    token_types=False,  # (transformers' MPNet forward takes no token_type_ids)
+    # transformers' MPNet forward takes token_type_ids through **kwargs and ignores it (a BERT-style tokenizer sends
+    # it from sentence-transformers): accelerate ignores it too; the fastenc models take none
+    inputs=frozenset({"input_ids", "attention_mask", "token_type_ids", "return_dict", "num_items_in_batch"}),
+    token_types=False,
     encoder_of=("MPNetForMultipleChoice",),
     config_overrides=roberta.pooler_override,
     lora_targets=("q", "v"),  # (PEFT has no default for mpnet: the query and value projections, as BERT's)
