@@ -361,12 +361,14 @@ def _holes(ids, mask):
 @pytest.mark.parametrize("task", TASKS)
 def test_holey_masks_every_head(task):
     # distances are padded-column distances (transformers' arange over the padded row): each token's padded column
-    # is its position in the attention ops (the reference serves positions on every backend's behalf here)
+    # is its position in the attention ops, on the reference and on the default backend (the cpu kernels, the
+    # inference Plan's too)
     hf = _hf.mpnet(task, hidden=36, heads=3, layers=1, seed=4)
     fe = fastenc.from_hf(hf)
     ids, mask = _holes(*_hf.roberta_batch([17, 1, 141], seed=9))
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask)
+        _check(task, fe(ids, mask), ref, mask)
         with fastenc.use_backend("reference"):
             _check(task, fe(ids, mask), ref, mask)
 
