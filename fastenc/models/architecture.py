@@ -65,6 +65,7 @@ _MODULES = (
     "gte",
     "nomic_bert",
     "jina_embeddings_v3",
+    "mpnet",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
