@@ -13,8 +13,11 @@
 //   out_i = O_i / l_i / (1 - p)     i.e.  out = (softmax * Z / (1 - p)) V.
 // Distance bias (relative-position buckets / ALiBi as a per-distance lookup b of 2 L - 1 entries per head):
 //   S_ji += b[i - j + L - 1] * log2 e   on the tile, before the window mask; never a (seq x seq) buffer.
+// With per-token positions and/or DeBERTa's c2p / p2c (attention_relative.h) the tile gathers instead:
+//   S_ji += (b[pos_i - pos_j + L - 1] + c2p[i, h, s] + p2c[j, h, s]) * log2 e,  s = slot[pos_i - pos_j + L - 1].
 #include "attention.h"
 #include "attention_dropout.h"
+#include "attention_relative.h"
 #include "attention_simd.h"
 #include "buffer_cache.h"
 #include "parallel.h"
@@ -95,7 +98,7 @@ int64_t bias_reach(int64_t bias_len, int64_t longest, const char* op) {
 void attention_fwd(const float* q, const float* k, const float* v, float* out, const int32_t* cu_seqlens,
                    int64_t batch, int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right,
                    float scale, int num_threads, float* lse, double dropout_p, int64_t seed, int64_t offset,
-                   int64_t ld_in, const float* bias, int64_t bias_len) {
+                   int64_t ld_in, const Relative* rel) {
   const Dropout drop(dropout_p, seed, offset);
   // ld: the row stride of out; ldi: of q, k and v (their rows may sit inside a wider buffer, e.g. one QKV GEMM's)
   const int64_t H = heads, D = head_dim, ld = H * D, ldi = ld_in > 0 ? ld_in : ld;
@@ -114,10 +117,11 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
                                   std::to_string(b) + "] = " + std::to_string(cu[b]));
     if (b > 0) longest = std::max(longest, cu[b] - cu[b - 1]);
   }
-  // The bias lookup in log2 units, checked against the lengths just read (its index i - j + reach - 1 stays inside).
-  const int64_t reach = bias != nullptr ? bias_reach(bias_len, longest, "attention (cpu)") : 0;
-  std::vector<float> bias2(bias != nullptr ? H * bias_len : 0);
-  for (int64_t e = 0; e < (int64_t)bias2.size(); ++e) bias2[e] = bias[e] * LOG2E;
+  // The relative terms in log2 units, checked against the lengths just read (the contiguous bias index
+  // i - j + reach - 1 stays inside), positions and slots copied and checked.
+  const RelTerms rt = prepare_relative(rel, H, total, longest, LOG2E, "attention (cpu)");
+  const int64_t reach = rt.reach, bias_len = rt.lut_len;
+  const bool gathered = rt.gathered();
   // A window side >= the longest sequence bounds nothing (and i + right can no longer overflow).
   const int64_t wl = window_left >= longest ? -1 : window_left;
   const int64_t wr = window_right >= longest ? -1 : window_right;
@@ -209,6 +213,9 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         std::fill(w.l, w.l + bm, 0.f);
         alignas(64) uint32_t rkeys[BM];  // dropout row keys of the block's query lanes
         if (drop.on) drop.rows(h, item.start + i0, lanes, rkeys);
+        int32_t qpos[BM];  // the block's query positions (gathered relative terms)
+        if (gathered)
+          for (int64_t r = 0; r < rows; ++r) qpos[r] = rt.position(item.start, i0 + r);
 
         // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
         int64_t kb, ke;
@@ -229,9 +236,13 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
           // S^T = K Q^T (log2 units): one row per key, one lane per query.
           product<false>({kp, D, 1, w.qt, PW, D, w.st, bm, nullptr, PW * D}, nk, qcols);
           // Distance bias: row j (key j0 + j) of S^T gets b[i0 + r - j0 - j + reach - 1] on lanes r < rows.
-          if (reach > 0)
+          if (reach > 0 && !gathered)
             for (int64_t j = 0; j < nk; ++j)
-              add_row(w.st + j * bm, bias2.data() + h * bias_len + (i0 - j0 - j) + reach - 1, rows);
+              add_row(w.st + j * bm, rt.bias2.data() + h * bias_len + (i0 - j0 - j) + reach - 1, rows);
+          if (gathered)  // positions / c2p / p2c: gathered per lane
+            for (int64_t j = 0; j < nk; ++j)
+              add_relative_row(w.st + j * bm, rows, qpos, rt.position(item.start, j0 + j), h, item.start + i0,
+                               item.start + j0 + j, rt);
 
           // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.
           const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);

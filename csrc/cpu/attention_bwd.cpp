@@ -23,8 +23,14 @@
 // forward; its gradient db[d] = sum_{i - j = d} dS_ij is accumulated per item (sequence, head) into that item's own
 // slice (2 len - 1 entries: no sharing between threads) and the slices are summed in sequence order at the end, so
 // the result does not depend on the thread count or the schedule.
+// With per-token positions or DeBERTa's c2p / p2c (attention_relative.h) the tile gathers as the forward, and
+//   db[pos_i - pos_j] += dS_ij (the item's slice then spans the whole lookup), dc2p[i, h, s] += dS_ij,
+//   dp2c[j, h, s] += dS_ij   (s = the pair's slot)
+// straight into the outputs: an item owns rows i and j of its (sequence, head), so again no sharing and a fixed
+// order whatever the thread count.
 #include "attention.h"
 #include "attention_dropout.h"
+#include "attention_relative.h"
 #include "attention_simd.h"
 #include "buffer_cache.h"
 #include "parallel.h"
@@ -45,17 +51,17 @@ static_assert(BM % PW == 0, "query blocks must be whole Q^T panels");
 constexpr float LOG2E = 1.4426950408889634f;
 
 struct BwdWork {
-  float *qt, *gt, *qr, *gr, *dqa, *lse2, *delta, *rkeys;  // per item: (len rounded up to panels) x D / x Dp, len
+  float *qt, *gt, *qr, *gr, *dqa, *lse2, *delta, *rkeys, *qpos;  // per item: (len rounded up to panels) x D / Dp, len
   float *kp, *vp, *dka, *dva, *st, *dst, *ones, *pdt;     // per key tile (pdt: Pd^T, with dropout only)
 };
 
 // One thread's buffers carved from p (64-byte aligned pieces); returns the floats used when p is null.
-int64_t carve_bwd(float* p, int64_t D, int64_t Dp, int64_t lanes, bool dropout, BwdWork* w) {
+int64_t carve_bwd(float* p, int64_t D, int64_t Dp, int64_t lanes, bool dropout, bool gathered, BwdWork* w) {
   const int64_t sizes[] = {lanes * D, lanes * D, lanes * Dp, lanes * Dp, lanes * Dp, lanes, lanes,
-                           dropout ? lanes : 0, BN * Dp, BN * Dp, BN * Dp, BN * Dp, BN * BM, BN * BM,
-                           std::max(BN, BM), dropout ? BN * BM : 0};
+                           dropout ? lanes : 0, gathered ? lanes : 0, BN * Dp, BN * Dp, BN * Dp, BN * Dp, BN * BM,
+                           BN * BM, std::max(BN, BM), dropout ? BN * BM : 0};
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
-  float** dst[n] = {&w->qt, &w->gt, &w->qr, &w->gr, &w->dqa, &w->lse2, &w->delta, &w->rkeys,
+  float** dst[n] = {&w->qt, &w->gt, &w->qr, &w->gr, &w->dqa, &w->lse2, &w->delta, &w->rkeys, &w->qpos,
                     &w->kp, &w->vp, &w->dka, &w->dva, &w->st, &w->dst, &w->ones, &w->pdt};
   int64_t total = 0;
   for (int i = 0; i < n; ++i) {
@@ -95,7 +101,7 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
                    const float* lse, float* dq, float* dk, float* dv, const int32_t* cu_seqlens, int64_t batch,
                    int64_t heads, int64_t head_dim, int64_t window_left, int64_t window_right, float scale,
                    int num_threads, double dropout_p, int64_t seed, int64_t offset, int64_t ld_in,
-                   int64_t ld_dout, const float* bias, int64_t bias_len, float* dbias) {
+                   int64_t ld_dout, const Relative* rel, const RelativeGrads* grads) {
   const Dropout drop(dropout_p, seed, offset);
   const bool need_dq = dq != nullptr, need_dkdv = dk != nullptr && dv != nullptr;
   // ld: the row stride of grad and out; ldi: of q, k, v; ldd: of dq, dk, dv (rows inside wider buffers, e.g. one
@@ -121,19 +127,27 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       seqs.push_back(b);
       max_lanes = std::max(max_lanes, (len_of(b) + PW - 1) / PW * PW);
     }
-  // The bias lookup in log2 units, checked against the lengths (its index i - j + reach - 1 stays inside), and the
-  // per-(sequence, head) gradient slices: item (b, h) owns part[h * nparts + poff[b] : + 2 len_b - 1].
+  // The relative terms in log2 units, checked against the lengths (the contiguous bias index i - j + reach - 1
+  // stays inside), and the per-(sequence, head) bias gradient slices: item (b, h) owns
+  // part[h * nparts + poff[b] : + its slice], 2 len_b - 1 entries indexed i - j + len_b - 1, or with positions
+  // the whole lookup indexed pos_i - pos_j + reach - 1.
   int64_t longest = 0;
   for (int64_t b : seqs) longest = std::max(longest, len_of(b));
-  const int64_t reach = bias != nullptr ? bias_reach(bias_len, longest, "attention_bwd (cpu)") : 0;
-  std::vector<float> bias2(bias != nullptr ? H * bias_len : 0);
-  for (int64_t e = 0; e < (int64_t)bias2.size(); ++e) bias2[e] = bias[e] * LOG2E;
-  const bool need_db = bias != nullptr && dbias != nullptr;
+  const RelTerms rt = prepare_relative(rel, H, total, longest, LOG2E, "attention_bwd (cpu)");
+  const int64_t reach = rt.reach, bias_len = rt.lut_len;
+  const bool gathered = rt.gathered(), by_pos = !rt.pos.empty();
+  float* dbias = grads != nullptr && rt.has_bias() ? grads->dbias : nullptr;
+  float* dc2p = grads != nullptr && rt.c2p != nullptr ? grads->dc2p : nullptr;
+  float* dp2c = grads != nullptr && rt.p2c != nullptr ? grads->dp2c : nullptr;
+  const bool need_db = dbias != nullptr;
+  auto slice_len = [&](int64_t b) { return by_pos ? bias_len : 2 * len_of(b) - 1; };
   std::vector<int64_t> poff(batch, 0);
   int64_t nparts = 0;
-  for (int64_t b : seqs) poff[b] = nparts, nparts += 2 * len_of(b) - 1;
+  for (int64_t b : seqs) poff[b] = nparts, nparts += slice_len(b);
   std::vector<float> part(need_db ? H * nparts : 0);
   if (dbias != nullptr) std::fill(dbias, dbias + H * bias_len, 0.f);
+  if (dc2p != nullptr) std::fill(dc2p, dc2p + total * H * rt.S, 0.f);
+  if (dp2c != nullptr) std::fill(dp2c, dp2c + total * H * rt.S, 0.f);
   std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
   const int64_t n_items = (int64_t)seqs.size() * H;
   if (n_items == 0) return;
@@ -141,22 +155,26 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
   const int nt = !worth_parallel(fmas * H, kParallelMinAttnFmas) ? 1
                  : num_threads > 0 ? num_threads : omp_get_max_threads();
   BwdWork w0{};
-  const int64_t per_thread = carve_bwd(nullptr, D, Dp, max_lanes, drop.on, &w0);
+  const int64_t per_thread = carve_bwd(nullptr, D, Dp, max_lanes, drop.on, gathered, &w0);
   float* mem = static_cast<float*>(cache_alloc((size_t)(per_thread * nt) * sizeof(float)));
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     BwdWork w{};
-    carve_bwd(mem + per_thread * omp_get_thread_num(), D, Dp, max_lanes, drop.on, &w);
+    carve_bwd(mem + per_thread * omp_get_thread_num(), D, Dp, max_lanes, drop.on, gathered, &w);
     std::fill(w.ones, w.ones + std::max(BN, BM), 1.f);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const int64_t b = seqs[it / H], h = it % H;
       const int64_t start = cu_seqlens[b], len = len_of(b);
       const int64_t lanes = (len + PW - 1) / PW * PW;
-      float* db = need_db ? part.data() + h * nparts + poff[b] : nullptr;  // this item's slice, index i - j + len - 1
-      if (db != nullptr) std::fill(db, db + 2 * len - 1, 0.f);
-      const float* b2 = reach > 0 ? bias2.data() + h * bias_len + reach - 1 : nullptr;  // index i - j
+      float* db = need_db ? part.data() + h * nparts + poff[b] : nullptr;  // this item's slice (see slice_len)
+      if (db != nullptr) std::fill(db, db + slice_len(b), 0.f);
+      const int64_t db_off = by_pos ? reach - 1 : len - 1;  // + pos_i - pos_j: the slice's index
+      const float* b2 = reach > 0 && !gathered ? rt.bias2.data() + h * bias_len + reach - 1 : nullptr;  // i - j
+      int32_t* qpos = reinterpret_cast<int32_t*>(w.qpos);  // the item's query positions (gathered terms)
+      if (gathered)
+        for (int64_t i = 0; i < len; ++i) qpos[i] = rt.position(start, i);
       const int64_t off = start * ld + h * D, offi = start * ldi + h * D, offd = start * ldd + h * D;
 
       // Per item: Q^T (scaled to log2 units) and dO^T panels, Q and dO rows, lse2, D = rowsum(dO * O).
@@ -203,6 +221,10 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
           product<false>({w.kp, Dp, 1, qtp, PW, D, w.st, BM, nullptr, PW * D}, nk, qcols);
           if (b2 != nullptr)  // row j (key j0 + j) gets b[i0 + r - j0 - j] on lanes r < rows
             for (int64_t j = 0; j < nk; ++j) add_row(w.st + j * BM, b2 + (i0 - j0 - j), rows);
+          if (gathered)  // positions / c2p / p2c: gathered per lane
+            for (int64_t j = 0; j < nk; ++j)
+              add_relative_row(w.st + j * BM, rows, qpos + i0, rt.position(start, j0 + j), h, start + i0,
+                               start + j0 + j, rt);
           const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);
           if (masked) {
             for (int64_t j = 0; j < nk; ++j) {
@@ -254,8 +276,12 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
             }
           }
           // dbias[i - j] += dS^T_ji over the block's rows (lanes >= rows are past the sequence).
-          if (db != nullptr)
+          if (db != nullptr && !gathered)
             for (int64_t j = 0; j < nk; ++j) add_row(db + (i0 - j0 - j) + len - 1, w.dst + j * BM, rows);
+          if (gathered && (db != nullptr || dc2p != nullptr || dp2c != nullptr))
+            for (int64_t j = 0; j < nk; ++j)
+              relative_grad_row(w.dst + j * BM, rows, qpos + i0, rt.position(start, j0 + j), h, start + i0,
+                                start + j0 + j, rt, db, db_off, dc2p, dp2c);
           // dK += dS^T Q;  dQ[i0 : i0 + rows] += dS K (one row per query).
           if (need_dkdv)
             product<true>({w.dst, BM, 1, w.qr + i0 * Dp, Dp, rows, w.dka, Dp, w.ones, 0}, nk, Dp / VW);
@@ -283,7 +309,11 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
     for (int64_t h = 0; h < H; ++h)
       for (int64_t b = 0; b < batch; ++b) {
         const int64_t len = len_of(b);
-        if (len > 0) add_row(dbias + h * bias_len + reach - len, part.data() + h * nparts + poff[b], 2 * len - 1);
+        if (len == 0) continue;
+        if (by_pos)
+          add_row(dbias + h * bias_len, part.data() + h * nparts + poff[b], bias_len);
+        else
+          add_row(dbias + h * bias_len + reach - len, part.data() + h * nparts + poff[b], 2 * len - 1);
       }
 }
 

@@ -149,8 +149,12 @@ def test_padded_with_mask_and_changed_cu_seqlens(backend):
     assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
     holes = mask.clone()
     holes[0, 10] = False
+    holes[1, 20:23] = False
+    # A mask with holes: distances stay padded positions (transformers' MPNet builds them from arange(seq)).
+    got = ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, backend=backend)
+    testing.assert_close(got, attention_ref(q, k, v, holes, bias=distance_bias(s, table)))
     with pytest.raises(ValueError, match="contiguous run of real tokens"):
-        ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, backend=backend)
+        ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, window=4, backend=backend)
 
     t = 150
     qp, kp, vp = (testing.randn(t, h, d, device=dev) for _ in range(3))

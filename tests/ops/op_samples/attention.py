@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from fastenc import ops, testing
 from fastenc.reference.attention import attention_ref, attention_varlen_ref
+from fastenc.reference.attention_relative import slot_lookup
 from op_samples._draw import Data, cu_of_lengths, cu_tensor, draw_split, is_small, lowp_or_none
 
 INTERPRETER_DTYPES = (torch.float32, torch.float16)  # its Triton kernel uses tl.dot
@@ -102,13 +103,25 @@ def opcheck_samples() -> dict[str, list[dict]]:
     return {
         "attention": [
             dict(q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), cu_seqlens=cu_of_lengths(4, 5), max_seqlen=5,
-                 window_left=-1, window_right=-1, scale=0.125, dropout_p=0.0, seed=0, offset=0, bias=None),
+                 window_left=-1, window_right=-1, scale=0.125, dropout_p=0.0, seed=0, offset=0, bias=None,
+                 positions=None, c2p=None, p2c=None, slot=None),
             dict(q=r(7, 3, 32, dtype=torch.bfloat16), k=r(7, 3, 32, dtype=torch.bfloat16),
                  v=r(7, 3, 32, dtype=torch.bfloat16), cu_seqlens=cu_of_lengths(7), max_seqlen=7, window_left=2,
-                 window_right=1, scale=32 ** -0.5, dropout_p=0.2, seed=5, offset=7, bias=None),
+                 window_right=1, scale=32 ** -0.5, dropout_p=0.2, seed=5, offset=7, bias=None,
+                 positions=None, c2p=None, p2c=None, slot=None),
             # a distance bias lookup (heads, 2 * 5 - 1), as relative_bias / alibi_slopes become
             dict(q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), cu_seqlens=cu_of_lengths(4, 5), max_seqlen=5,
-                 window_left=-1, window_right=2, scale=0.125, dropout_p=0.0, seed=0, offset=0, bias=r(2, 9)),
+                 window_left=-1, window_right=2, scale=0.125, dropout_p=0.0, seed=0, offset=0, bias=r(2, 9),
+                 positions=None, c2p=None, p2c=None, slot=None),
+            # per-token positions (lookups for L = 6) with DeBERTa's c2p / p2c (rel_span 2: 4 slots) and a bias
+            dict(q=r(9, 2, 16), k=r(9, 2, 16), v=r(9, 2, 16), cu_seqlens=cu_of_lengths(4, 5), max_seqlen=5,
+                 window_left=-1, window_right=-1, scale=0.25, dropout_p=0.0, seed=0, offset=0, bias=r(2, 11),
+                 positions=torch.tensor([0, 2, 5, 1, 3, 3, 0, 4, 1], dtype=torch.int32), c2p=r(9, 2, 4),
+                 p2c=r(9, 2, 4), slot=slot_lookup(6, 2)),
+            # c2p only, index positions
+            dict(q=r(9, 2, 16), k=r(9, 2, 16), v=r(9, 2, 16), cu_seqlens=cu_of_lengths(4, 5), max_seqlen=5,
+                 window_left=1, window_right=-1, scale=0.25, dropout_p=0.0, seed=0, offset=0, bias=None,
+                 positions=None, c2p=r(9, 2, 6), p2c=None, slot=slot_lookup(5, 3)),
         ],
         "attention_bwd": [
             dict(grad=r(9, 2, 64), q=r(9, 2, 64), k=r(9, 2, 64), v=r(9, 2, 64), out=r(9, 2, 64),

@@ -1,0 +1,131 @@
+// The relative-position terms on the CPU attention kernels' S^T tiles (keys x queries): the distance bias read at
+// pos_i - pos_j, DeBERTa's c2p / p2c read through the per-distance slot lookup (fastenc/reference/
+// attention_relative.py), and their gradients. Only the gathered forms live here; the distance bias without
+// positions keeps the kernels' contiguous add_row path.
+//   S^T_ji += (bias[h, pos_i - pos_j + L - 1] + c2p[i, h, s] + p2c[j, h, s]) * log2 e,  s = slot[pos_i - pos_j + L - 1]
+//   dbias[pos_i - pos_j] += dS_ij;  dc2p[i, h, s] += dS_ij;  dp2c[j, h, s] += dS_ij
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+
+namespace fastenc_cpu {
+namespace attn {
+
+// One call's relative terms, checked: private copies of positions and the slot lookup (every value checked before
+// any row is touched), the bias lookup pre-multiplied by `unit` (log2 e: the kernels' base-2 scores).
+struct RelTerms {
+  int64_t reach = 0, lut_len = 0, H = 0, S = 0;
+  std::vector<float> bias2;     // (H, lut_len) * unit; empty: no bias
+  std::vector<int32_t> pos;     // (total,); empty: the index within the sequence
+  std::vector<int32_t> slot;    // (lut_len,); empty: no c2p / p2c
+  const float* c2p = nullptr;   // (total, H, S)
+  const float* p2c = nullptr;
+  float unit = 1.f;
+
+  bool any() const { return lut_len > 0; }
+  bool has_bias() const { return !bias2.empty(); }
+  bool has_dis() const { return !slot.empty(); }
+  // The gathered path: positions or c2p / p2c (the distance bias alone is added contiguously).
+  bool gathered() const { return !pos.empty() || has_dis(); }
+  int32_t position(int64_t start, int64_t local) const { return pos.empty() ? (int32_t)local : pos[start + local]; }
+};
+
+// rel -> RelTerms for `total` tokens and H heads whose longest sequence is `longest`; throws std::invalid_argument
+// (prefixed with op) on a lookup of even length, bias and slot of different lengths, a sequence longer than L
+// without positions, a position outside [0, L), a slot outside [0, slots), or c2p / p2c without slot.
+inline RelTerms prepare_relative(const Relative* rel, int64_t H, int64_t total, int64_t longest, float unit,
+                                 const char* op) {
+  RelTerms t;
+  if (rel == nullptr) return t;
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(std::string(op) + ": " + what); };
+  const bool dis = rel->c2p != nullptr || rel->p2c != nullptr;
+  if (dis != (rel->slot != nullptr)) fail("the slot lookup must be given exactly when c2p or p2c is");
+  if (rel->bias == nullptr && !dis) {
+    if (rel->positions != nullptr) fail("positions need a relative term (a bias, c2p or p2c)");
+    return t;
+  }
+  const int64_t len = rel->bias != nullptr ? rel->bias_len : rel->slot_len;
+  if (rel->bias != nullptr && dis && rel->slot_len != rel->bias_len)
+    fail("the bias and slot lookups must cover one L, got " + std::to_string(rel->bias_len) + " and " +
+         std::to_string(rel->slot_len) + " entries");
+  t.reach = bias_reach(len, rel->positions != nullptr ? 0 : longest, op);
+  t.lut_len = len;
+  t.H = H;
+  t.unit = unit;
+  if (rel->bias != nullptr) {
+    t.bias2.resize(H * len);
+    for (int64_t e = 0; e < H * len; ++e) t.bias2[e] = rel->bias[e] * unit;
+  }
+  if (rel->positions != nullptr) {
+    t.pos.assign(rel->positions, rel->positions + total);
+    for (int64_t i = 0; i < total; ++i)
+      if (t.pos[i] < 0 || t.pos[i] >= t.reach)
+        fail("positions must lie in [0, " + std::to_string(t.reach) + ") (the lookups' L), got positions[" +
+             std::to_string(i) + "] = " + std::to_string(t.pos[i]));
+  }
+  if (dis) {
+    if (rel->slots <= 0) fail("c2p / p2c must have at least one slot");
+    t.S = rel->slots;
+    t.slot.assign(rel->slot, rel->slot + len);
+    for (int64_t e = 0; e < len; ++e)
+      if (t.slot[e] < 0 || t.slot[e] >= t.S)
+        fail("the slot lookup must lie in [0, slots=" + std::to_string(t.S) + "), got slot[" + std::to_string(e) +
+             "] = " + std::to_string(t.slot[e]));
+    t.c2p = rel->c2p;
+    t.p2c = rel->p2c;
+  }
+  return t;
+}
+
+// Row j of an S^T tile (key at position kpos, token row jtok), lanes r < rows (queries at positions qpos[r], token
+// rows itok0 + r), head h: st[r] += the relative terms, in the kernels' units (every index is in range: positions
+// lie in [0, L), so pos_i - pos_j + L - 1 in [0, 2 L - 1), and slots were checked).
+inline void add_relative_row(float* __restrict st, int64_t rows, const int32_t* qpos, int32_t kpos, int64_t h,
+                             int64_t itok0, int64_t jtok, const RelTerms& t) {
+  const int64_t base = t.reach - 1 - kpos;  // + qpos[r]: the lookups' index
+  const float* b2 = t.has_bias() ? t.bias2.data() + h * t.lut_len + base : nullptr;
+  if (!t.has_dis()) {
+    for (int64_t r = 0; r < rows; ++r) st[r] += b2[qpos[r]];
+    return;
+  }
+  const int32_t* sl = t.slot.data() + base;
+  const int64_t hs = t.H * t.S;
+  const float* c = t.c2p != nullptr ? t.c2p + itok0 * hs + h * t.S : nullptr;  // row r: c + r * hs
+  const float* p = t.p2c != nullptr ? t.p2c + jtok * hs + h * t.S : nullptr;
+  const float u = t.unit;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t qp = qpos[r];
+    const int32_t s = sl[qp];
+    float a = b2 != nullptr ? b2[qp] : 0.f;
+    if (c != nullptr) a += c[r * hs + s] * u;
+    if (p != nullptr) a += p[s] * u;
+    st[r] += a;
+  }
+}
+
+// The gradients of row j of a dS^T tile (natural units), lanes r < rows, as add_relative_row reads them: db (may be
+// null) gets ds at index pos_i - pos_j + db_off; dc2p / dp2c (may be null; (total, H, S)) at the slot.
+inline void relative_grad_row(const float* __restrict ds, int64_t rows, const int32_t* qpos, int32_t kpos, int64_t h,
+                              int64_t itok0, int64_t jtok, const RelTerms& t, float* db, int64_t db_off, float* dc2p,
+                              float* dp2c) {
+  if (db != nullptr)
+    for (int64_t r = 0; r < rows; ++r) db[qpos[r] - kpos + db_off] += ds[r];
+  if (dc2p == nullptr && dp2c == nullptr) return;
+  const int32_t* sl = t.slot.data() + (t.reach - 1 - kpos);
+  const int64_t hs = t.H * t.S;
+  if (dc2p != nullptr) {
+    float* c = dc2p + itok0 * hs + h * t.S;
+    for (int64_t r = 0; r < rows; ++r) c[r * hs + sl[qpos[r]]] += ds[r];
+  }
+  if (dp2c != nullptr) {
+    float* p = dp2c + jtok * hs + h * t.S;
+    for (int64_t r = 0; r < rows; ++r) p[sl[qpos[r]]] += ds[r];
+  }
+}
+
+}  // namespace attn
+}  // namespace fastenc_cpu
