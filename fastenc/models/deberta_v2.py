@@ -106,7 +106,7 @@ def sequence_loss(config, kind: str | None, logits: torch.Tensor, labels: torch.
         return losses.sequence_loss(config, kind, logits, labels)
     labels = labels.to(logits.device)
     if config.num_labels == 1:
-        return F.mse_loss(logits.view(-1).to(labels.dtype), labels.view(-1))
+        return F.mse_loss(logits.view(-1).to(labels.dtype), labels.view(-1))  # (logits flattened by the caller)
     if labels.dim() == 1 or labels.shape[-1] == 1:
         labels = labels.reshape(-1)
         keep = labels >= 0
@@ -141,6 +141,8 @@ class DebertaV2ForSequenceClassification(_Pooled, DebertaV2Encoder):
         logits = self.classify(first[2] if column0 else first[0])
         if labels is None:
             return logits
+        if kind is None and self.config.num_labels == 1:  # (transformers returns these logits flattened)
+            logits = logits.view(-1).to(labels.dtype)
         return losses.output(self.task, sequence_loss(self.config, kind, logits, labels), logits)
 
 

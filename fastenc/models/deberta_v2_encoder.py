@@ -42,6 +42,7 @@ from fastenc.layers.mlp import check_activation
 from fastenc.models import bert
 from fastenc.models.base import check_text_inputs, pack_text
 from fastenc.models.config import _Common, _num_labels, _pick
+from fastenc.reference.attention_relative import make_log_bucket_position
 
 _TERMS = ("c2p", "p2c")
 
@@ -150,16 +151,6 @@ class DebertaV2Config(_Common):
         return on and "c2p" in self.pos_att_type, on and "p2c" in self.pos_att_type
 
 
-def log_bucket(delta: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
-    """transformers' make_log_bucket_position: distances within buckets // 2 kept, longer ones log-bucketed up to
-    max_position; delta int64 -> float of the same shape."""
-    sign = torch.sign(delta)
-    mid = buckets // 2
-    abs_pos = torch.where((delta < mid) & (delta > -mid), torch.tensor(mid - 1).type_as(delta), torch.abs(delta))
-    log_pos = torch.ceil(torch.log(abs_pos / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1)) + mid
-    return torch.where(abs_pos <= mid, delta.type_as(log_pos), log_pos * sign)
-
-
 def reach(cfg: DebertaV2Config, width: int) -> int:
     """The rel_span a batch of padded width `width` needs: the bucket of the longest distance (width - 1), plus one,
     capped at the embeddings' span. Slots beyond it are never read (slot = clamp(bucket + span, 0, 2 span - 1) is
@@ -167,7 +158,7 @@ def reach(cfg: DebertaV2Config, width: int) -> int:
     span = cfg.rel_span
     far = width - 1
     if cfg.position_buckets > 0 and far > 0:
-        far = int(log_bucket(torch.tensor(far), cfg.position_buckets, cfg.max_relative))
+        far = int(make_log_bucket_position(torch.tensor(far), cfg.position_buckets, cfg.max_relative))
     return max(1, min(span, far + 1))
 
 
