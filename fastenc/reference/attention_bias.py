@@ -66,14 +66,3 @@ def bias_matrix(lut: torch.Tensor, sq: int, sk: int | None = None) -> torch.Tens
     i = torch.arange(sq, device=lut.device)[:, None]
     j = torch.arange(sk, device=lut.device)[None, :]
     return lut[:, i - j + n - 1]
-
-
-def bias_grad(ds: torch.Tensor, n: int) -> torch.Tensor:
-    """ds (heads, s, s), the gradient of the scores of one sequence -> its contribution (heads, 2n - 1) to the
-    lookup's gradient: the sum of ds over the pairs (i, j) at each distance i - j."""
-    h, s, _ = ds.shape
-    i = torch.arange(s, device=ds.device)[:, None]
-    j = torch.arange(s, device=ds.device)[None, :]
-    idx = (i - j + n - 1).reshape(-1)
-    out = ds.new_zeros(h, 2 * n - 1)
-    return out.index_add_(1, idx, ds.reshape(h, -1))

@@ -150,9 +150,14 @@ def test_padded_with_mask_and_changed_cu_seqlens(backend):
     holes = mask.clone()
     holes[0, 10] = False
     holes[1, 20:23] = False
-    # A mask with holes: distances stay padded positions (transformers' MPNet builds them from arange(seq)).
-    got = ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, backend=backend)
-    testing.assert_close(got, attention_ref(q, k, v, holes, bias=distance_bias(s, table)))
+    # A mask with holes: distances stay padded positions (transformers' MPNet builds them from arange(seq)), passed
+    # to the kernels as per-token positions; a backend without them says so.
+    if testing.cannot_serve(OP, backend, dict(_bias_inputs(backend), positions=torch.zeros(17, dtype=torch.int32))):
+        with pytest.raises(ValueError, match="no positions"):
+            ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, backend=backend)
+    else:
+        got = ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, backend=backend)
+        testing.assert_close(got, attention_ref(q, k, v, holes, bias=distance_bias(s, table)))
     with pytest.raises(ValueError, match="contiguous run of real tokens"):
         ops.attention(q, k, v, key_padding_mask=holes, relative_bias=table, window=4, backend=backend)
 
