@@ -11,7 +11,8 @@ An Architecture declares:
   heads          task -> (fastenc model class, transformers class name); "base" is the bare encoder. Tasks:
                  base, sequence_classification, token_classification, question_answering, masked_lm,
                  image_classification, image_classification_with_teacher (DeiT's distilled head), image_embedding
-                 (a projection of the pooled output, CLIP's image_embeds), text_embedding (CLIP's text_embeds)
+                 (a projection of the pooled output, CLIP's image_embeds), text_embedding (CLIP's text_embeds),
+                 multiple_choice (input_ids (batch, choices, seq) -> (batch, choices))
   weight_map     (cfg, task, prefix) -> [(fastenc name, (hf names...), kind)] (see fastenc.models.convert); the
                  same list maps both directions
   head_prefix    the encoder's attribute prefix inside the transformers head classes ("bert.")
@@ -66,16 +67,18 @@ _MODULES = (
     "nomic_bert",
     "jina_embeddings_v3",
     "mpnet",
+    "deberta_v2",
 )
 
 TASKS = ("base", "sequence_classification", "token_classification", "question_answering", "masked_lm",
-         "image_classification", "image_classification_with_teacher", "image_embedding", "text_embedding")
+         "image_classification", "image_classification_with_teacher", "image_embedding", "text_embedding",
+         "multiple_choice")
 MODALITIES = ("text", "vision", "text+vision")
 # The label arguments each head's forward takes (transformers' names).
 LABEL_ARGS = {"base": (), "sequence_classification": ("labels",), "token_classification": ("labels",),
               "question_answering": ("start_positions", "end_positions"), "masked_lm": ("labels",),
               "image_classification": ("labels",), "image_classification_with_teacher": (),
-              "image_embedding": (), "text_embedding": ()}
+              "image_embedding": (), "text_embedding": (), "multiple_choice": ("labels",)}
 
 
 @dataclass(frozen=True)

@@ -121,9 +121,10 @@ def _reasons(self, a: dict, arch: str) -> list[str]:
                    f"training")
     mask = a.get("attention_mask")
     text = "text" in architecture.get(arch).modalities
-    if text and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
+    dims = 3 if type(self)._fastenc_kind[1] == "multiple_choice" else 2  # (batch, choices, seq) there
+    if text and mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() != dims):
         out.append(f"attention_mask of shape {tuple(getattr(mask, 'shape', ()))} is not supported (only "
-                   f"(batch, seq))")
+                   f"{'(batch, choices, seq)' if dims == 3 else '(batch, seq)'})")
     elif text and _needs_column0(arch, type(self)._fastenc_kind[1], self.__dict__["_fastenc"]):
         out += _left_padding_reasons(arch, self.__dict__["_fastenc"], mask)
     return out
