@@ -76,9 +76,16 @@ BASE_SIZES = {
     "clip_text_model": ({"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
                          "num_attention_heads": 8, "max_position_embeddings": 77},
                         "CLIP ViT-B/16 text tower (hidden 512, 12 layers, 8 heads, 77 positions, vocab 49408)"),
+    "deberta-v2": ({"vocab_size": 128100, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                    "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 0,
+                    "relative_attention": True, "position_buckets": 256, "max_relative_positions": -1,
+                    "pos_att_type": ["p2c", "c2p"], "norm_rel_ebd": "layer_norm", "share_att_key": True,
+                    "position_biased_input": False, "layer_norm_eps": 1e-7},
+                   "deberta-v3-base config (hidden 768, 12 layers, 12 heads, vocab 128100, 256 position buckets, "
+                   "c2p + p2c, shared attention keys, no absolute positions)"),
 }
 NAMES = {"vit": "vit-b16", "nomic_bert": "nomic-bert-base", "clip_vision_model": "clip-vit-b16",
-         "clip_text_model": "clip-text-b16"}
+         "clip_text_model": "clip-text-b16", "deberta-v2": "deberta-v3-base"}
 
 
 def hf_class(arch, task: str = "base"):
