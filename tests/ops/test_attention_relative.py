@@ -396,18 +396,17 @@ def test_reference_gradcheck_fp64(window, with_positions):
 # ---- declarations and arguments -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", [OP, "attention_bwd"])
-def test_backends_without_the_terms_declare_them(op):
-    """A backend without positions or the disentangled terms names them in its check; automatic selection passes
-    it over, so the terms are never dropped."""
+def test_every_backend_serves_the_terms(op):
+    """Every backend takes positions and the disentangled terms (none declines them), and automatic selection with
+    them gives a finite gradient."""
     base = dict(_rel_inputs("reference", torch.float16), positions=None, c2p=None, p2c=None, slot=None)
-    for backend, impl in registry.impls(op).items():
+    impls = registry.impls(op)
+    assert set(impls) == {"reference", "cpu", "triton", "cuda"}
+    for backend, impl in impls.items():
         with_pos = dict(base, positions=torch.zeros(17, dtype=torch.int32))
         with_dis = dict(base, c2p=testing.fake(17, 2, 8, dtype=torch.float16), slot=torch.zeros(33, dtype=torch.int32))
         why_pos, why_dis = (impl.check(x) if impl.check else [] for x in (with_pos, with_dis))
-        if backend in ("reference", "cpu"):
-            assert "no positions" not in why_pos and "no disentangled terms" not in why_dis
-        elif backend in ("triton", "cuda"):  # until their kernels take the terms
-            assert "no positions" in why_pos and "no disentangled terms" in why_dis
+        assert "no positions" not in why_pos and "no disentangled terms" not in why_dis, backend
     q = testing.randn(9, 2, 8).requires_grad_(True)
     out = ops.attention(q, q, q, cu_seqlens=_cu((9,)), c2p=testing.randn(9, 2, 4), rel_span=2)
     out.sum().backward()
