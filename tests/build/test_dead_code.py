@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +20,9 @@ def _python_files() -> dict[Path, str]:
 
 
 def _unused(texts: dict[Path, str]) -> list[str]:
+    # A name's uses are the maximal word-character runs equal to it (what the regex \bname\b finds), counted once
+    # over every text.
+    words = Counter(w for t in texts.values() for w in re.findall(r"\w+", t))
     unused = []
     for path, text in texts.items():
         if path.relative_to(ROOT).parts[0] not in PACKAGES:
@@ -29,8 +33,7 @@ def _unused(texts: dict[Path, str]) -> list[str]:
             name = node.name
             if name.startswith("__") or name == "_" or name in CALLED_BY_FRAMEWORK:
                 continue
-            word = re.compile(rf"\b{re.escape(name)}\b")
-            uses = sum(len(word.findall(t)) for t in texts.values())
+            uses = words[name]
             if uses <= 1:  # only its own definition
                 unused.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
     return unused
