@@ -22,9 +22,9 @@ def _rel_inputs(backend, dtype=torch.float32, head_dim=64, positions=True):
     """What the op passes the registry with the terms (fake tensors on the backend's test device)."""
     dev = testing.device_for(backend)
     q = testing.fake(17, 2, head_dim, dtype=dtype, device=dev)
-    return {"q": q, "positions": torch.zeros(17, dtype=torch.int32, device=dev) if positions else None,
+    return {"q": q, "positions": testing.fake(17, dtype=torch.int32, device=dev) if positions else None,
             "c2p": testing.fake(17, 2, 8, dtype=dtype, device=dev), "p2c": testing.fake(17, 2, 8, dtype=dtype, device=dev),
-            "slot": torch.zeros(33, dtype=torch.int32, device=dev), "bias": testing.fake(2, 33, device=dev)}
+            "slot": testing.fake(33, dtype=torch.int32, device=dev), "bias": testing.fake(2, 33, device=dev)}
 
 
 def _cu(lens):
