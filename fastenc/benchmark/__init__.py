@@ -7,6 +7,7 @@ kernel_suite  `bench kernels [--backward]`      model_suite   `bench models` (mo
 train         `bench train`                                   from the architecture table; onnx_export)
 embed         `bench embed` (the corpus job)    serve         `bench serve`       mlm_head   `bench mlm-head`
 attention_cpu `bench attention-cpu`             lora_cost     `bench lora`        report     `bench report`
+attention_relative `bench attention-relative` (its workloads: attention_relative_cases)
 timing (the interleaved timer every program uses), ceilings (copy bandwidth, GEMM rate), latency (profiler
 breakdowns), gemm_pack (`python -m fastenc.benchmark.gemm_pack`), isolated (one model per process), options
 (what the subcommands share), cli (the wiring).

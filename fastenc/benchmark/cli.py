@@ -15,8 +15,8 @@ import torch
 from fastenc.benchmark.options import DTYPES
 
 # The subcommand modules, in the order `fastenc bench --help` lists them.
-SUBCOMMANDS = ("kernel_suite", "model_suite", "train", "embed", "mlm_head", "retrieval", "serve", "attention_cpu", "lora_cost",
-               "report")
+SUBCOMMANDS = ("kernel_suite", "model_suite", "train", "embed", "mlm_head", "retrieval", "serve", "attention_cpu",
+               "attention_relative", "lora_cost", "report")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "--quick, else 20, more up to 5 s; embed: rounds over the corpus, default 2, quick 1)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed rounds per case where a subcommand takes them (train: default 3, quick 2; "
-                        "mlm-head: default 7, quick 3; retrieval: default 9, quick 3; attention-cpu: default 7, quick 3; lora: default 15)")
+                        "mlm-head: default 7, quick 3; retrieval: default 9, quick 3; attention-cpu: default 7, quick 3; "
+                        "attention-relative: DeBERTa 7 and bias rows 15, quick 3 and 5; lora: default 15)")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
