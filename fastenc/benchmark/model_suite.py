@@ -30,10 +30,10 @@ def add_arguments(p) -> None:
                       "onnxruntime-int8, torch-dynamic-int8, ctranslate2-int8, ctranslate2-int8_float32, openvino-int8)")
     options.breakdown(p, "where fastenc's and transformers sdpa's batch-1 time goes (GEMM vs the same GEMMs alone, "
                       "fastenc's ops, other ops, Python/dispatch), under torch.profiler")
-    options.workloads(p, "comma-separated of fixed, varlen, captions, long, latency (default: each model's: fixed "
-                      "and varlen where they fit its positions, captions for the short-text towers (< 128 "
-                      "positions), long (one 8,192-token text) where it fits, not with --quick; batch-1 latency "
-                      "always runs)")
+    options.workloads(p, "comma-separated of fixed, varlen, captions, long-2k, long, latency (default: each "
+                      "model's: fixed and varlen where they fit its positions, captions for the short-text towers "
+                      "(< 128 positions), long (one 8,192-token text) where it fits, not with --quick; long-2k (one "
+                      "2,048-token text) only when asked; batch-1 latency always runs)")
     options.no_compile(p)
     options.no_plots(p)
     options.quantize(p, "int8: time int8 inference side by side (fastenc fp32, the ratios' baseline, and "
@@ -107,7 +107,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
                  rounds: int | None = None, quantize: str | None = None, passages: int | None = None) -> dict:
     """isolate: each model in its own process (default when more than one model runs); breakdown: where the
     batch-1 time of fastenc and transformers sdpa goes (fastenc.benchmark.latency); workloads: the throughput
-    workloads to run (fixed, varlen, captions, long; default: each model's, fastenc.benchmark.models.workloads;
+    workloads to run (fixed, varlen, captions, long-2k, long; default: each model's, fastenc.benchmark.models.workloads;
     the batch-1 latency always runs). quantize "int8": the int8
     providers (int8_models.PROVIDERS unless `providers`), ratios against fastenc fp32 and the best int8 peer, and
     each provider's accuracy on `passages` docstring passages (default 2000, quick 200)."""
@@ -137,6 +137,7 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
                                    "baselines run the batch padded to its longest sequence; tokens/s counts real tokens",
                          "captions": "{} texts, lengths uniform in [{}, {}] (at most the model's positions), seed 0; "
                                      "the short-text towers (CLIP / SigLIP text) by default".format(*model_workloads.CAPTIONS),
+                         "long-2k": f"one {model_workloads.LONG_2K_TOKENS}-token text, asked for with --workloads",
                          "long": f"one {model_workloads.LONG_TOKENS}-token text, for the models that accept that many "
                                  "positions (not by default with --quick)",
                          "latency": "batch 1: 1 x 128 tokens (fewer positions: 1 x positions; vision: 1 image), p50/p95",

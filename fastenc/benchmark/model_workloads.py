@@ -1,5 +1,5 @@
 """The inputs of `fastenc bench models` (fastenc.benchmark.models): padded text batches and image batches, and which
-workloads a model runs (fixed, varlen, captions, long; the batch-1 latency ones), chosen by its positions."""
+workloads a model runs (fixed, varlen, captions, long-2k, long; the batch-1 latency ones), chosen by its positions."""
 from __future__ import annotations
 
 import math
@@ -23,9 +23,10 @@ def image_batch(n: int, size: int = 224, seed: int = 0) -> dict:
 
 
 LONG_TOKENS = 8192  # the long workload: one text of this many tokens (models that accept that many positions)
+LONG_2K_TOKENS = 2048  # the long-2k workload (asked for only): one text of this many tokens
 CAPTIONS = 32, 5, 77  # the captions workload: 32 texts, lengths uniform in [5, 77] (capped at the model's positions)
-THROUGHPUT = ("fixed", "varlen", "captions", "long")  # the throughput workloads, in the order they run
-ROUNDS = {"long": 5}  # timed rounds of a throughput workload where not THROUGHPUT_ROUNDS (full mode)
+THROUGHPUT = ("fixed", "varlen", "captions", "long-2k", "long")  # the throughput workloads, in the order they run
+ROUNDS = {"long": 5, "long-2k": 5}  # timed rounds of a throughput workload where not THROUGHPUT_ROUNDS (full mode)
 
 
 def caption_lengths(n: int = CAPTIONS[0], lo: int = CAPTIONS[1], hi: int = CAPTIONS[2], seed: int = 0) -> list[int]:
@@ -45,6 +46,7 @@ def workloads(spec, vocab: int, positions: int | None = None, image_size: int = 
       fixed     8 x 128 tokens                                   default where it fits
       varlen    16 texts, lengths U[16, 384] (seed 0)            default where it fits
       captions  32 texts, lengths U[5, 77] (seed 0; at most positions)   default for models of < 128 positions
+      long-2k   one LONG_2K_TOKENS-token text                    asked for only, where it fits
       long      one LONG_TOKENS-token text                       default (not with quick) where it fits
     A workload asked for (or a default) that does not fit goes to `not_run` (workload -> why)."""
     not_run = {} if not_run is None else not_run
@@ -68,6 +70,8 @@ def workloads(spec, vocab: int, positions: int | None = None, image_size: int = 
             "captions": (lambda: (text_batch(caps, vocab, seed=5), sum(caps),
                                   f"{len(caps)} captions, lengths U[{CAPTIONS[1]},{hi}] seed 0 (sum {sum(caps)}, "
                                   f"longest {max(caps)})"), max(caps)),
+            "long-2k": (lambda: (text_batch([LONG_2K_TOKENS], vocab, seed=3), LONG_2K_TOKENS,
+                                 f"1 x {LONG_2K_TOKENS} tokens"), LONG_2K_TOKENS),
             "long": (lambda: (text_batch([LONG_TOKENS], vocab, seed=4), LONG_TOKENS, f"1 x {LONG_TOKENS} tokens"),
                      LONG_TOKENS)}
     if only is None:

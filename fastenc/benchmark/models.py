@@ -345,7 +345,10 @@ def run_model(spec: ModelSpec, device: str, dtype: torch.dtype, providers: list[
         step("check outputs")
         errors = verify(spec, hf, fns, skipped, device, failed)
         not_run: dict[str, str] = {}
-        loads = workloads(spec, vocab, getattr(hf.config, "max_position_embeddings", None),
+        # Text of any length for a model without absolute positions (DeBERTa-v2/v3: relative ones only).
+        positions = (None if getattr(hf.config, "position_biased_input", True) is False
+                     else getattr(hf.config, "max_position_embeddings", None))
+        loads = workloads(spec, vocab, positions,
                           getattr(hf.config, "image_size", 224), only, quick, not_run)
         rows, lat_rows, parts = _time_workloads(spec, fns, loads, device, quick, tick, step,
                                                 breakdown and device == "cpu", rounds,

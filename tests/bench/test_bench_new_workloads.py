@@ -59,6 +59,14 @@ def test_workloads_follow_the_models_positions(monkeypatch):
     why = {}
     assert "long" not in model_workloads.workloads(spec, 2000, positions=299, only=["long"], not_run=why)
     assert "exceeds the model's 299 positions" in why["long"]
+    # long-2k: asked for only; any length where the model has no absolute positions (positions=None)
+    assert "long-2k" not in model_workloads.workloads(spec, 2000, positions=None)
+    two = model_workloads.workloads(spec, 2000, positions=None, only=["long-2k"])
+    assert two["long-2k"][0]["input_ids"].shape == (1, 2048) and two["long-2k"][1] == 2048
+    assert int(two["long-2k"][0]["attention_mask"].sum()) == 2048
+    why = {}
+    assert "long-2k" not in model_workloads.workloads(spec, 2000, positions=512, only=["long-2k"], not_run=why)
+    assert "exceeds the model's 512 positions" in why["long-2k"]
     vis = model_workloads.workloads(models.ModelSpec("v", "vision", lambda: None, ""), 0, image_size=56)
     assert vis["fixed"][0]["pixel_values"].shape == (8, 3, 56, 56)
 
