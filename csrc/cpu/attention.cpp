@@ -214,8 +214,11 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
         alignas(64) uint32_t rkeys[BM];  // dropout row keys of the block's query lanes
         if (drop.on) drop.rows(h, item.start + i0, lanes, rkeys);
         int32_t qpos[BM];  // the block's query positions (gathered relative terms)
-        if (gathered)
+        bool qrun = false;  // consecutive positions
+        if (gathered) {
           for (int64_t r = 0; r < rows; ++r) qpos[r] = rt.position(item.start, i0 + r);
+          qrun = consecutive(qpos, rows);
+        }
 
         // Keys any row of the block can see: the sequence cut to the union of the rows' windows.
         int64_t kb, ke;
@@ -241,7 +244,7 @@ void attention_fwd(const float* q, const float* k, const float* v, float* out, c
               add_row(w.st + j * bm, rt.bias2.data() + h * bias_len + (i0 - j0 - j) + reach - 1, rows);
           if (gathered)  // positions / c2p / p2c: gathered per lane
             for (int64_t j = 0; j < nk; ++j)
-              add_relative_row(w.st + j * bm, rows, qpos, rt.position(item.start, j0 + j), h, item.start + i0,
+              add_relative_row(w.st + j * bm, rows, qpos, qrun, rt.position(item.start, j0 + j), h, item.start + i0,
                                item.start + j0 + j, rt);
 
           // Window: key ja is seen by queries ia in [ja - right, ja + left]: one lane range per key row.

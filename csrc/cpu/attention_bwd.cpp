@@ -221,9 +221,10 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
           product<false>({w.kp, Dp, 1, qtp, PW, D, w.st, BM, nullptr, PW * D}, nk, qcols);
           if (b2 != nullptr)  // row j (key j0 + j) gets b[i0 + r - j0 - j] on lanes r < rows
             for (int64_t j = 0; j < nk; ++j) add_row(w.st + j * BM, b2 + (i0 - j0 - j), rows);
+          const bool qrun = gathered && consecutive(qpos + i0, rows);
           if (gathered)  // positions / c2p / p2c: gathered per lane
             for (int64_t j = 0; j < nk; ++j)
-              add_relative_row(w.st + j * BM, rows, qpos + i0, rt.position(start, j0 + j), h, start + i0,
+              add_relative_row(w.st + j * BM, rows, qpos + i0, qrun, rt.position(start, j0 + j), h, start + i0,
                                start + j0 + j, rt);
           const bool masked = (wl >= 0 && j0 < i0 + rows - 1 - wl) || (wr >= 0 && j0 + nk - 1 > i0 + wr);
           if (masked) {
@@ -280,7 +281,7 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
             for (int64_t j = 0; j < nk; ++j) add_row(db + (i0 - j0 - j) + len - 1, w.dst + j * BM, rows);
           if (gathered && (db != nullptr || dc2p != nullptr || dp2c != nullptr))
             for (int64_t j = 0; j < nk; ++j)
-              relative_grad_row(w.dst + j * BM, rows, qpos + i0, rt.position(start, j0 + j), h, start + i0,
+              relative_grad_row(w.dst + j * BM, rows, qpos + i0, qrun, rt.position(start, j0 + j), h, start + i0,
                                 start + j0 + j, rt, db, db_off, dc2p, dp2c);
           // dK += dS^T Q;  dQ[i0 : i0 + rows] += dS K (one row per query).
           if (need_dkdv)
