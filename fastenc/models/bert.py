@@ -57,6 +57,9 @@ class BertEmbeddings(nn.Module):
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.dropout = cfg.hidden_dropout_prob
         self.pad = padding_row(cfg.pad_token_id, cfg.vocab_size)
+        # the position table's row that gets no gradient (RoBERTa's padding_idx: padded columns' position, read by
+        # a padded column-0 query), None for BERT's
+        self.pos_pad = getattr(cfg, "position_padding_idx", None)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
@@ -65,7 +68,8 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type.weight[0]
         else:
             x = x + F.embedding(types, self.token_type.weight)
-        x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
+        x = self.norm(F.embedding(positions, self.position.weight, padding_idx=self.pos_pad), residual=x,
+                      return_residual=False)
         return dropout(x, self.dropout) if self.training and self.dropout > 0 else x
 
     def planned(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None, layers,

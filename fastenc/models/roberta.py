@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import LayerNorm, Linear
+from fastenc.layers.embedding import padding_row
 from fastenc.layers.mlp import activation
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture
@@ -47,6 +48,11 @@ class RobertaConfig(BertConfig):
     def max_tokens(self) -> int:
         """The most tokens a row can hold: positions run from padding_idx + 1 to max_position_embeddings - 1."""
         return self.max_position_embeddings - self.pad_token_id - 1
+
+    @property
+    def position_padding_idx(self) -> int | None:
+        """The position table's padding_idx, as transformers' RobertaEmbeddings (its row gets no gradient)."""
+        return padding_row(self.pad_token_id, self.max_position_embeddings)
 
 
 class _RobertaPositions:
