@@ -14,6 +14,7 @@ Heads (transformers' names):
   AlbertForQuestionAnswering       qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq)
   AlbertForMaskedLM                LayerNorm_E(act(dense_HE(hidden))) @ word_embedding^T + bias -> vocab logits (the
                                    decoder is the word embedding (vocab, E) itself, as in the checkpoint)
+  AlbertForMultipleChoice          classifier(drop(tanh(pooler(column 0)))) per choice -> (batch, choices)
 The classifiers' dropout is classifier_dropout_prob; in the blocks transformers drops the attention output and
 the attention probabilities, not the MLP output, and so does AlbertLayer.
 Parameters are stored once per shared block: `layers` holds the num_hidden_groups * inner_group_num distinct blocks
@@ -37,6 +38,7 @@ from fastenc.models import bert, losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
+from fastenc.models.multiple_choice import MultipleChoice
 
 
 @dataclass
@@ -196,6 +198,14 @@ class AlbertForMaskedLM(AlbertModel):
         self.mlm = AlbertMLMHead(self.config)
 
 
+class AlbertForMultipleChoice(MultipleChoice, AlbertModel):
+    """input_ids (batch, choices, seq) (attention_mask, token_type_ids alike) -> logits (batch, choices):
+    classifier(drop(tanh(pooler(column 0)))) per choice, column 0 read as transformers does (padding or not),
+    dropout classifier_dropout_prob. labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits)."""
+    needs_pooler = True
+    choice_dropout = bert.BertForMultipleChoice.choice_dropout
+
+
 def weight_map(cfg: AlbertConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every ALBERT tensor (prefix "albert." inside the head classes); each
     shared block once. The masked-LM decoder (weight and bias) is the word embedding and predictions.bias, which
@@ -219,7 +229,7 @@ def weight_map(cfg: AlbertConfig, task: str, prefix: str = "") -> list[Entry]:
             m += lin(f"{f}.mlp_norm", f"{h}.full_layer_layer_norm")
     if cfg.add_pooling_layer:
         m += lin("pooler", f"{p}pooler")
-    if task in ("sequence_classification", "token_classification"):
+    if task in ("sequence_classification", "token_classification", "multiple_choice"):
         m += lin("classifier", "classifier")
     elif task == "question_answering":
         m += lin("qa_outputs", "qa_outputs")
@@ -248,7 +258,7 @@ ARCHITECTURE = Architecture(
     model_type="albert",
     config=AlbertConfig,
     heads=heads_of(AlbertModel, AlbertForSequenceClassification, AlbertForTokenClassification,
-                   AlbertForQuestionAnswering, AlbertForMaskedLM),
+                   AlbertForQuestionAnswering, AlbertForMaskedLM, AlbertForMultipleChoice),
     weight_map=weight_map,
     head_prefix="albert.",
     encoder_of=("AlbertForPreTraining",),

@@ -19,7 +19,7 @@ embeddings.norm.*, layers.i.attn.Wqkv.*, layers.i.attn.Wo.*, layers.i.attn_norm.
 layers.i.mlp.fc2.*, layers.i.mlp_norm.*, pooler.*, classifier.*, qa_outputs.*, mlm.{dense,norm}.*, mlm.bias (the
 masked-LM decoder weight is embeddings.word.weight itself).
 Heads: sequence / token classification, question answering (start, end logits), masked LM (logits only where asked
-for: fastenc.models.losses.masked_lm).
+for: fastenc.models.losses.masked_lm), multiple choice (fastenc.models.multiple_choice).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from fastenc.layers.embedding import embedding, padding_row
 from fastenc.lora import LoraMixin
 from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
+from fastenc.models.multiple_choice import MultipleChoice
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.saving import SaveMixin
@@ -57,6 +58,9 @@ class BertEmbeddings(nn.Module):
         self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.dropout = cfg.hidden_dropout_prob
         self.pad = padding_row(cfg.pad_token_id, cfg.vocab_size)
+        # the position table's row that gets no gradient (RoBERTa's padding_idx: padded columns' position, read by
+        # a padded column-0 query), None for BERT's
+        self.pos_pad = getattr(cfg, "position_padding_idx", None)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
         """ids, positions, types: packed (tokens,) -> (tokens, hidden)."""
@@ -65,7 +69,8 @@ class BertEmbeddings(nn.Module):
             x = x + self.token_type.weight[0]
         else:
             x = x + F.embedding(types, self.token_type.weight)
-        x = self.norm(F.embedding(positions, self.position.weight), residual=x, return_residual=False)
+        x = self.norm(F.embedding(positions, self.position.weight, padding_idx=self.pos_pad), residual=x,
+                      return_residual=False)
         return dropout(x, self.dropout) if self.training and self.dropout > 0 else x
 
     def planned(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None, layers,
@@ -407,6 +412,18 @@ class BertForQuestionAnswering(BertModel):
         return question_answering(self, input_ids, attention_mask, token_type_ids, start_positions, end_positions)
 
 
+class BertForMultipleChoice(MultipleChoice, BertModel):
+    """input_ids (batch, choices, seq) (attention_mask, token_type_ids alike) -> logits (batch, choices):
+    classifier(drop(tanh(pooler(column 0)))) per choice, column 0 read as transformers does (padding or not);
+    dropout classifier_dropout (hidden_dropout_prob when None). labels= int (batch,) ->
+    MultipleChoiceModelOutput(loss, logits) (fastenc.models.multiple_choice)."""
+    needs_pooler = True
+
+    @property
+    def choice_dropout(self) -> float:
+        return _classifier_dropout(self.config)
+
+
 def question_answering(model: BertModel, input_ids, attention_mask, token_type_ids, start_positions, end_positions):
     """The question-answering forward of a BERT-family model with a `qa_outputs` Linear(hidden, 2): (start, end)
     logits (batch, seq), zeros at padding, or with start/end positions transformers' output with its loss, whose
@@ -435,7 +452,7 @@ def weight_map(cfg: BertConfig, task: str, prefix: str = "") -> list[Entry]:
         m += lin(f"{f}.mlp_norm", f"{h}.output.LayerNorm")
     if cfg.add_pooling_layer:
         m += lin("pooler", f"{p}pooler.dense")
-    if task in ("sequence_classification", "token_classification"):
+    if task in ("sequence_classification", "token_classification", "multiple_choice"):
         m += lin("classifier", "classifier")
     if task == "question_answering":
         m += lin("qa_outputs", "qa_outputs")
@@ -447,8 +464,10 @@ def weight_map(cfg: BertConfig, task: str, prefix: str = "") -> list[Entry]:
 
 
 def pooler_override(task: str, has_pooler: bool) -> dict:
-    """The base model has a pooler when the checkpoint holds one; of the heads only sequence classification."""
-    return {"add_pooling_layer": has_pooler if task == "base" else task == "sequence_classification"}
+    """The base model has a pooler when the checkpoint holds one; of the heads sequence classification and multiple
+    choice."""
+    return {"add_pooling_layer": has_pooler if task == "base" else task in ("sequence_classification",
+                                                                           "multiple_choice")}
 
 
 def tiny_config(task: str = "base", hidden: int = 64, heads: int = 4, layers: int = 2, **kw):
@@ -466,7 +485,7 @@ ARCHITECTURE = Architecture(
     model_type="bert",
     config=BertConfig,
     heads=heads_of(BertModel, BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering,
-                   BertForMaskedLM),
+                   BertForMaskedLM, BertForMultipleChoice),
     weight_map=weight_map,
     head_prefix="bert.",
     encoder_of=("BertForPreTraining", "BertForNextSentencePrediction"),

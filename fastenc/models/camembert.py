@@ -34,7 +34,12 @@ class CamembertForMaskedLM(roberta.RobertaForMaskedLM):
     """The masked-LM head, decoder tied to the word embedding."""
 
 
+class CamembertForMultipleChoice(roberta.RobertaForMultipleChoice):
+    """RoBERTa's multiple-choice head: the pooler on each choice's column 0, one score per choice."""
+
+
 ARCHITECTURE = roberta.architecture_of("camembert", CamembertConfig, {
     "base": CamembertModel, "sequence_classification": CamembertForSequenceClassification,
     "token_classification": CamembertForTokenClassification,
-    "question_answering": CamembertForQuestionAnswering, "masked_lm": CamembertForMaskedLM}, "Camembert")
+    "question_answering": CamembertForQuestionAnswering, "masked_lm": CamembertForMaskedLM,
+    "multiple_choice": CamembertForMultipleChoice}, "Camembert")

@@ -15,6 +15,11 @@ vision_model); parameter names: text_model.*, vision_model.* (the towers'), text
 logit_scale, under the same names in transformers (the towers' names inside them); PEFT LoRA adapters of the
 transformers model load onto both towers (load_lora, merged or not). The shared two-tower machinery
 here (the config, forward, features, encode) also serves SigLIP (fastenc.models.siglip).
+
+CLIPForImageClassification: the vision tower, its last hidden state (before post_layernorm) averaged over the
+patch tokens ([CLS] left out), a linear classifier (num_labels); model(pixel_values, labels=None) -> logits (batch,
+num_labels), or transformers' ImageClassifierOutput(loss, logits) with labels. Parameter names: vision_model.*,
+classifier.* (the same in transformers). SigLIP's image classifier is the same class over its own tower.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from torch import nn
 
 from fastenc.layers import Linear
 from fastenc.lora import LoraMixin
-from fastenc.models import clip_text, clip_vision
+from fastenc.models import clip_text, clip_vision, losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.base import TextEncoderMixin, finish_embeddings
 from fastenc.models.config import _num_labels
@@ -241,15 +246,73 @@ class CLIPModel(QuantMixin, LoraMixin, SaveMixin, TextEncoderMixin, nn.Module):
         return finish_embeddings(torch.cat(outs), normalize)
 
 
+class CLIPForImageClassification(QuantMixin, LoraMixin, SaveMixin, nn.Module):
+    """The vision tower alone and a linear classifier (transformers' CLIPForImageClassification): logits =
+    classifier(mean over the patch tokens of the tower's last hidden state, [CLS] left out, before
+    post_layernorm), (batch, num_labels) (the averaged hidden state itself when num_labels is 0). labels= (batch,)
+    int / float (see fastenc.models.losses) -> transformers' ImageClassifierOutput(loss, logits); transformers'
+    loss here takes no num_items_in_batch (accepted and unused, as there). Subclasses (SigLIP's) change the tower
+    (VISION) and the tokens averaged (_patch_tokens)."""
+    task = "image_classification"
+    VISION = clip_vision.CLIPVisionModel
+
+    def __init__(self, config: CLIPConfig):
+        super().__init__()
+        self.config = config
+        self.vision_model = self.VISION(config.vision_config)
+        h = config.vision_config.hidden_size
+        self.classifier = Linear(h, config.num_labels) if config.num_labels > 0 else None
+
+    @property
+    def layers(self):
+        return self.vision_model.layers
+
+    def _vision_packed(self, pixel_values, interpolate_pos_encoding: bool):
+        """The tower's last hidden state, packed: (x (batch * tokens, hidden), PackedBatch)."""
+        if interpolate_pos_encoding:
+            raise ValueError(f"{type(self).__name__}: interpolate_pos_encoding=True is not supported (CLIP's vision "
+                             f"tower runs at the config's image_size)")
+        return self.vision_model(pixel_values, return_packed=True)
+
+    def _patch_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(batch, tokens, hidden) -> the tokens averaged: every one after [CLS]."""
+        return hidden[:, 1:]
+
+    def forward(self, pixel_values, labels=None, num_items_in_batch=None, interpolate_pos_encoding: bool = False):
+        kind = None
+        if labels is not None:
+            if self.classifier is None:
+                raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
+                                 f"num_labels={self.config.num_labels}")
+            n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
+            kind = losses.check_sequence_labels(type(self).__name__, self.config, labels, n)
+        x, batch = self._vision_packed(pixel_values, bool(interpolate_pos_encoding))
+        pooled = self._patch_tokens(x.view(batch.batch, batch.seq, -1)).mean(dim=1)
+        logits = pooled if self.classifier is None else self.classifier(pooled)
+        if labels is None:
+            return logits
+        return losses.output(self.task, losses.sequence_loss(self.config, kind, logits, labels), logits)
+
+
 def under(fe_prefix: str, entries: list[Entry]) -> list[Entry]:
     """A tower's weight-map entries with its attribute name in front of the fastenc names."""
     return [(fe_prefix + fe, hs, kind) for fe, hs, kind in entries]
 
 
+def image_classifier_map(vision_map, cfg, prefix: str = "") -> list[Entry]:
+    """The weight map of an image classifier over a two-tower config's vision tower: the tower's map
+    (`vision_map`, its module's weight_map) under vision_model., and the classifier (when num_labels > 0)."""
+    vision = under("vision_model.", vision_map(cfg.vision_config, "base", f"{prefix}vision_model."))
+    return vision + (lin("classifier", f"{prefix}classifier") if cfg.num_labels > 0 else [])
+
+
 def weight_map(cfg: CLIPConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every tensor of CLIPModel: the towers' maps under text_model. /
-    vision_model., the two projections and logit_scale."""
+    vision_model., the two projections and logit_scale; of CLIPForImageClassification: the vision tower's and the
+    classifier."""
     p = prefix
+    if task == "image_classification":
+        return image_classifier_map(clip_vision.weight_map, cfg, p)
     m = under("text_model.", clip_text.weight_map(cfg.text_config, "base", f"{p}text_model."))
     m += under("vision_model.", clip_vision.weight_map(cfg.vision_config, "base", f"{p}vision_model."))
     m += lin("visual_projection", f"{p}visual_projection", bias=False)
@@ -261,21 +324,21 @@ def weight_map(cfg: CLIPConfig, task: str, prefix: str = "") -> list[Entry]:
 def tiny_config(task: str = "base", hidden: int = 36, heads: int = 3, layers: int = 2, image: int = 35, patch: int = 7,
                 text: dict | None = None, vision: dict | None = None, **kw):
     """A small transformers CLIPConfig for tests (Architecture.tiny_config): the towers' tiny configs, the text
-    tower `hidden` wide and the vision tower hidden + 12 (towers of different widths), projection 20; text= /
-    vision= extra fields of one tower."""
+    tower `hidden` wide and the vision tower hidden + 12 (towers of different widths), projection 20, 3 labels
+    (CLIPForImageClassification); text= / vision= extra fields of one tower."""
     import transformers
 
     t = clip_text.tiny_config(hidden=hidden, heads=heads, layers=layers, **(text or {}))
     v = clip_vision.tiny_config(hidden=hidden + 12, heads=heads, layers=layers, image=image, patch=patch,
                                 **(vision or {}))
     return transformers.CLIPConfig(text_config=t.to_dict(), vision_config=v.to_dict(),
-                                   **{"projection_dim": 20, "attn_implementation": "eager", **kw})
+                                   **{"projection_dim": 20, "num_labels": 3, "attn_implementation": "eager", **kw})
 
 
 ARCHITECTURE = Architecture(
     model_type="clip",
     config=CLIPConfig,
-    heads=heads_of(CLIPModel),
+    heads=heads_of(CLIPModel, CLIPForImageClassification),
     weight_map=weight_map,
     head_prefix="",
     modality="text+vision",

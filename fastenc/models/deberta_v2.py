@@ -37,6 +37,7 @@ from fastenc.models.albert import AlbertMLMHead
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin, qkv
 from fastenc.models.deberta_v2_encoder import DebertaV2Config, DebertaV2Encoder
+from fastenc.models.multiple_choice import MultipleChoice, column0
 
 __all__ = ["DebertaV2Config", "DebertaV2Model", "DebertaV2ForSequenceClassification",
            "DebertaV2ForTokenClassification", "DebertaV2ForQuestionAnswering", "DebertaV2ForMaskedLM",
@@ -62,13 +63,17 @@ def _drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 class _Pooled:
     """ContextPooler + classifier: classifier(drop(act(pooler(drop(first))))) and DeBERTa's sequence loss."""
 
+    def context(self, first: torch.Tensor) -> torch.Tensor:
+        """The ContextPooler: act(pooler(drop(first))), first (n, hidden) -> (n, hidden)."""
+        cfg = self.config
+        x = _drop(first, cfg.pooler_dropout, self.training)
+        return activation(cfg.pooler_hidden_act, self.pooler(x, with_bias=False), self.pooler.output_bias())
+
     def classify(self, first: torch.Tensor) -> torch.Tensor:
         """first (n, hidden): each row's first token -> (n, classifier outputs)."""
         cfg = self.config
-        x = _drop(first, cfg.pooler_dropout, self.training)
-        x = activation(cfg.pooler_hidden_act, self.pooler(x, with_bias=False), self.pooler.output_bias())
         p = cfg.hidden_dropout_prob if cfg.cls_dropout is None else cfg.cls_dropout
-        return self.classifier(_drop(x, p, self.training))
+        return self.classifier(_drop(self.context(first), p, self.training))
 
 
 def check_labels(name: str, config, labels, batch: int) -> str | None:
@@ -146,43 +151,25 @@ class DebertaV2ForSequenceClassification(_Pooled, DebertaV2Encoder):
         return losses.output(self.task, sequence_loss(self.config, kind, logits, labels), logits)
 
 
-class DebertaV2ForMultipleChoice(_Pooled, DebertaV2Encoder):
+class DebertaV2ForMultipleChoice(MultipleChoice, _Pooled, DebertaV2Encoder):
     """input_ids (batch, choices, seq) (attention_mask, token_type_ids alike) -> logits (batch, choices): each
-    choice's column 0 (as transformers reads it, padding or not) through the ContextPooler and a one-output
-    classifier. labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits)."""
-    task = "multiple_choice"
+    choice's column 0 (as transformers reads it, padding or not) through the ContextPooler, then the dropout
+    (cls_dropout, else hidden_dropout_prob) and a one-output classifier (fastenc.models.multiple_choice).
+    labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits). A choice with no real token is pooled as
+    transformers pools it (DeBERTa's padded states)."""
+    serves_empty_choices = True
 
     def __init__(self, config: DebertaV2Config):
         super().__init__(config)
         self.pooler = Linear(config.hidden_size, config.hidden_size)
-        self.classifier = Linear(config.hidden_size, 1)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        name = type(self).__name__
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
-            raise ValueError(f"{name}: input_ids must be (batch, choices, seq), got shape "
-                             f"{tuple(getattr(input_ids, 'shape', ()))}")
-        b, c, s = input_ids.shape
-        flat = []
-        for arg, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-            if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (b, c, s)):
-                raise ValueError(f"{name}: {arg} must have input_ids' shape {(b, c, s)}, got "
-                                 f"{tuple(getattr(t, 'shape', ()))}")
-            flat.append(None if t is None else t.reshape(b * c, s))
-        if labels is not None:
-            if not isinstance(labels, torch.Tensor) or labels.dtype not in losses._INT or labels.numel() != b:
-                raise ValueError(f"{name}: labels must be an integer tensor of shape ({b},), got "
-                                 f"{getattr(labels, 'dtype', type(labels).__name__)} "
-                                 f"{tuple(getattr(labels, 'shape', ()))}")
-            losses._range(name, labels, c)
-        _, _, first = self._run(input_ids.reshape(b * c, s), *flat, column0=True)
-        logits = self.classify(first).view(b, c)
-        if labels is None:
-            return logits
-        from transformers.modeling_outputs import MultipleChoiceModelOutput
+    def choice_pool(self, ids, mask, types) -> torch.Tensor:
+        return self.context(column0(self, ids, mask, types))
 
-        loss = losses.cross_entropy(logits, labels.to(logits.device).reshape(-1))
-        return MultipleChoiceModelOutput(loss=loss, logits=logits)
+    @property
+    def choice_dropout(self) -> float:
+        cfg = self.config
+        return cfg.hidden_dropout_prob if cfg.cls_dropout is None else cfg.cls_dropout
 
 
 class DebertaV2ForTokenClassification(DebertaV2Encoder):
@@ -298,6 +285,5 @@ ARCHITECTURE = Architecture(
     head_prefix="deberta.",
     lora_targets=("query_proj", "value_proj"),
     base_output="BaseModelOutput",
-    head_outputs={"multiple_choice": "transformers.modeling_outputs:MultipleChoiceModelOutput"},
     tiny_config=tiny_config,
 )

@@ -2,7 +2,8 @@
 post-norm blocks (BERT's block: one fused QKV GEMM for q_lin/k_lin/v_lin, out_lin, sa_layer_norm, lin1 -> act ->
 lin2, output_layer_norm; every LayerNorm eps 1e-12), varlen attention; no pooler. Heads: sequence classification
 (pre_classifier -> ReLU -> classifier on the first token), token classification, question answering (qa_outputs)
-and masked LM (vocab_transform -> act -> vocab_layer_norm -> vocab_projector tied to the word embeddings).
+masked LM (vocab_transform -> act -> vocab_layer_norm -> vocab_projector tied to the word embeddings) and multiple
+choice (pre_classifier -> ReLU -> classifier on each choice's column 0, fastenc.models.multiple_choice).
 
 Usage: model(input_ids, attention_mask=None) -> last hidden state (batch, seq, dim), zeros at padded positions;
   return_packed=True -> (hidden (total_tokens, dim), PackedBatch). token_type_ids must be None (DistilBERT has no
@@ -38,6 +39,7 @@ from fastenc.models.bert import BertLayer, run_blocks, run_first_rows
 from fastenc.models.columns import padded_first_rows, padded_positions
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin, qkv
+from fastenc.models.multiple_choice import MultipleChoice, column0
 from fastenc.models.saving import SaveMixin
 
 # transformers' DistilBertConfig.attribute_map: the common names -> DistilBERT's own.
@@ -294,6 +296,24 @@ class DistilBertForMaskedLM(DistilBertModel):
         return losses.output(self.task, losses.cross_entropy(logits, target.index_select(0, rows)), logits)
 
 
+class DistilBertForMultipleChoice(MultipleChoice, DistilBertModel):
+    """input_ids (batch, choices, seq) (attention_mask alike) -> logits (batch, choices):
+    classifier(drop(relu(pre_classifier(column 0)))) per choice, column 0 read as transformers does (padding or
+    not), dropout seq_classif_dropout. labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits)."""
+
+    def __init__(self, config: DistilBertConfig):
+        super().__init__(config)
+        self.pre_classifier = Linear(config.dim, config.dim)
+
+    def choice_pool(self, ids, mask, types) -> torch.Tensor:
+        first = column0(self, ids, mask, types)
+        return activation("relu", self.pre_classifier(first, with_bias=False), self.pre_classifier.output_bias())
+
+    @property
+    def choice_dropout(self) -> float:
+        return self.config.seq_classif_dropout
+
+
 def weight_map(cfg: DistilBertConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every DistilBERT tensor (prefix: "distilbert." inside the heads).
     The tied masked-LM decoder weight maps from the word embedding (transformers' checkpoints do not store
@@ -314,9 +334,9 @@ def weight_map(cfg: DistilBertConfig, task: str, prefix: str = "") -> list[Entry
         m += lin(f"{f}.mlp.fc1", f"{h}.ffn.lin1")
         m += lin(f"{f}.mlp.fc2", f"{h}.ffn.lin2")
         m += lin(f"{f}.mlp_norm", f"{h}.output_layer_norm")
-    if task == "sequence_classification":
+    if task in ("sequence_classification", "multiple_choice"):
         m += lin("pre_classifier", "pre_classifier")
-    if task in ("sequence_classification", "token_classification"):
+    if task in ("sequence_classification", "token_classification", "multiple_choice"):
         m += lin("classifier", "classifier")
     if task == "question_answering":
         m += lin("qa_outputs", "qa_outputs")
@@ -340,12 +360,11 @@ ARCHITECTURE = Architecture(
     model_type="distilbert",
     config=DistilBertConfig,
     heads=heads_of(DistilBertModel, DistilBertForSequenceClassification, DistilBertForTokenClassification,
-                   DistilBertForQuestionAnswering, DistilBertForMaskedLM),
+                   DistilBertForQuestionAnswering, DistilBertForMaskedLM, DistilBertForMultipleChoice),
     weight_map=weight_map,
     head_prefix="distilbert.",
     inputs=frozenset({"input_ids", "attention_mask", "return_dict", "num_items_in_batch"}),
     token_types=False,  # (transformers' DistilBERT forward takes no token_type_ids)
-    encoder_of=("DistilBertForMultipleChoice",),
     lora_targets=("q_lin", "v_lin"),
     tiny_config=tiny_config,
 )

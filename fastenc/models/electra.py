@@ -11,12 +11,17 @@ Heads:
                            (exact GELU whatever hidden_act is, as transformers' head) -> (batch, num_labels)
   token classification     classifier(drop(hidden)) -> (batch, seq, num_labels), zeros at padding
   question answering       qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq), zeros at padding
+  multiple choice          classifier(sequence_summary(hidden)) per choice -> (batch, choices): transformers'
+                           ElectraSequenceSummary, the summary_* fields of the config (summary_type 'first': column
+                           0, 'last' / 'cls_index' without an index: the last column, 'mean': every column, padded
+                           ones included and computed as transformers does; first dropout, projection (summary_use_proj),
+                           summary_activation, last dropout), fastenc.models.multiple_choice
 Training and labels as BERT's heads (fastenc.models.losses). The question-answering loss reads the zero logits at
 padded positions as transformers reads its own (nonzero) logits there: with padding it differs from
 transformers' loss by that; without padding it is the same.
 Parameter names (fastenc side of `weight_map`): BERT's embeddings.* (at embedding_size), embeddings.project.*
 (<-> embeddings_project.*), layers.i.*, classifier.* (classifier.dense / classifier.out_proj for sequence
-classification), qa_outputs.*.
+classification), qa_outputs.*, summary.* (<-> sequence_summary.summary.*).
 """
 from __future__ import annotations
 
@@ -29,11 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import Linear
-from fastenc.layers.mlp import activation
+from fastenc.layers.mlp import activation, check_activation
 from fastenc.models import bert
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.config import _Common, _num_labels, _pick
 from fastenc.models.convert import Entry, lin
+from fastenc.models.multiple_choice import MultipleChoice, column0, padded_hidden
 
 
 @dataclass
@@ -53,6 +59,13 @@ class ElectraConfig(_Common):
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     classifier_dropout: float | None = None  # None: hidden_dropout_prob
+    # ElectraSequenceSummary's (the multiple-choice head's pooling; transformers' defaults)
+    summary_type: str = "first"
+    summary_use_proj: bool = True
+    summary_activation: str | None = "gelu"
+    summary_first_dropout: float = 0.0
+    summary_last_dropout: float = 0.1
+    summary_proj_to_labels: bool = False
     add_pooling_layer: bool = False  # (BERT's field, read by the shared code: ELECTRA has no pooler)
     model_type: str = "electra"
 
@@ -64,6 +77,8 @@ class ElectraConfig(_Common):
         if d.get("is_decoder") or d.get("add_cross_attention"):
             raise ValueError("ElectraConfig: decoder ELECTRA (is_decoder / add_cross_attention) is not supported")
         cfg = cls(**_pick(cls, d, num_labels=_num_labels(d), **override))
+        if "summary_activation" in d and "summary_activation" not in override:  # (None: no activation)
+            cfg.summary_activation = d["summary_activation"]
         cfg._check()
         if not isinstance(cfg.embedding_size, int) or cfg.embedding_size < 1:
             raise ValueError(f"ElectraConfig: embedding_size must be a positive int, got {cfg.embedding_size!r}")
@@ -157,6 +172,54 @@ class ElectraForQuestionAnswering(ElectraModel):
                                        end_positions)
 
 
+_SUMMARIES = ("first", "last", "mean", "cls_index")
+
+
+class ElectraForMultipleChoice(MultipleChoice, ElectraModel):
+    """input_ids (batch, choices, seq) (attention_mask, token_type_ids alike) -> logits (batch, choices):
+    classifier(summary) per choice, summary = last_drop(act(summary(first_drop(pick(hidden))))) as transformers'
+    ElectraSequenceSummary: pick is column 0 (summary_type 'first'), the last column ('last'; 'cls_index', which
+    transformers reads as the last column without a cls_index) or the mean over every column ('mean'), padding or
+    not, the padded columns' states as transformers computes them. labels= int (batch,) ->
+    MultipleChoiceModelOutput(loss, logits)."""
+
+    def __init__(self, config: ElectraConfig):
+        name = type(self).__name__
+        if config.summary_type not in _SUMMARIES:
+            raise ValueError(f"{name}: summary_type must be one of {_SUMMARIES}, got {config.summary_type!r}")
+        width = config.hidden_size
+        if config.summary_use_proj and config.summary_proj_to_labels and config.num_labels > 0:
+            width = config.num_labels
+        if width != config.hidden_size:
+            raise ValueError(f"{name}: summary_proj_to_labels=True projects the summary to num_labels "
+                             f"({config.num_labels}) values but the classifier reads hidden_size "
+                             f"({config.hidden_size})")
+        if config.summary_activation:
+            check_activation(config.summary_activation)
+        super().__init__(config)
+        self.summary = Linear(config.hidden_size, width) if config.summary_use_proj else None
+
+    def choice_pool(self, ids, mask, types) -> torch.Tensor:
+        cfg = self.config
+        if cfg.summary_type == "first":
+            x = column0(self, ids, mask, types)
+        else:
+            hidden = padded_hidden(self, ids, mask, types)
+            x = hidden.mean(dim=1) if cfg.summary_type == "mean" else hidden[:, -1]
+        p = cfg.summary_first_dropout if self.training else 0.0
+        if p > 0:
+            x = F.dropout(x, p, training=True)
+        if self.summary is not None:
+            if cfg.summary_activation:
+                return activation(cfg.summary_activation, self.summary(x, with_bias=False), self.summary.output_bias())
+            return self.summary(x)
+        return activation(cfg.summary_activation, x) if cfg.summary_activation else x
+
+    @property
+    def choice_dropout(self) -> float:
+        return self.config.summary_last_dropout
+
+
 def weight_map(cfg: ElectraConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every ELECTRA tensor (prefix: "electra." inside the head classes):
     BERT's embeddings and blocks, embeddings_project, and the head."""
@@ -169,6 +232,10 @@ def weight_map(cfg: ElectraConfig, task: str, prefix: str = "") -> list[Entry]:
         m += lin("classifier", "classifier")
     elif task == "question_answering":
         m += lin("qa_outputs", "qa_outputs")
+    elif task == "multiple_choice":
+        if cfg.summary_use_proj:
+            m += lin("summary", "sequence_summary.summary")
+        m += lin("classifier", "classifier")
     return m
 
 
@@ -188,7 +255,7 @@ ARCHITECTURE = Architecture(
     model_type="electra",
     config=ElectraConfig,
     heads=heads_of(ElectraModel, ElectraForSequenceClassification, ElectraForTokenClassification,
-                   ElectraForQuestionAnswering),
+                   ElectraForQuestionAnswering, ElectraForMultipleChoice),
     weight_map=weight_map,
     head_prefix="electra.",
     encoder_of=("ElectraForPreTraining", "ElectraForMaskedLM"),

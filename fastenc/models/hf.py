@@ -41,7 +41,7 @@ import warnings
 import torch
 
 from fastenc.layers.steps import optimizer_steps
-from fastenc.models import architecture, convert, losses
+from fastenc.models import architecture, convert, losses, multiple_choice
 from fastenc.models.loading import SUPPORTED, from_hf
 from fastenc.quant import model as quant_model
 
@@ -60,7 +60,7 @@ class FallbackWarning(UserWarning):
 
 _HEAD_OUTPUT = {"sequence_classification": "SequenceClassifierOutput", "token_classification": "TokenClassifierOutput",
                 "question_answering": "QuestionAnsweringModelOutput", "masked_lm": "MaskedLMOutput",
-                "image_classification": "ImageClassifierOutput"}
+                "image_classification": "ImageClassifierOutput", "multiple_choice": "MultipleChoiceModelOutput"}
 
 
 def _output_type(arch: str, task: str):
@@ -127,6 +127,10 @@ def _reasons(self, a: dict, arch: str) -> list[str]:
                    f"{'(batch, choices, seq)' if dims == 3 else '(batch, seq)'})")
     elif text and _needs_column0(arch, type(self)._fastenc_kind[1], self.__dict__["_fastenc"]):
         out += _left_padding_reasons(arch, self.__dict__["_fastenc"], mask)
+    elif text and dims == 3 and not getattr(self.__dict__["_fastenc"], "serves_empty_choices", True):
+        if multiple_choice.empty_choice(mask) is not None:
+            out.append("a choice of attention_mask has no real token (transformers scores it from uniform attention "
+                       "over the padding)")
     return out
 
 

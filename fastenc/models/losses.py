@@ -257,8 +257,8 @@ def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_position
 
 def output(task: str, loss: torch.Tensor | None, logits):
     """transformers' output type for a head (SequenceClassifierOutput, TokenClassifierOutput, MaskedLMOutput,
-    QuestionAnsweringModelOutput (logits = (start, end)), ImageClassifierOutput); transformers is imported only
-    here, when a loss is asked for."""
+    QuestionAnsweringModelOutput (logits = (start, end)), ImageClassifierOutput, MultipleChoiceModelOutput);
+    transformers is imported only here, when a loss is asked for."""
     try:
         from transformers import modeling_outputs as mo
     except ImportError as e:
@@ -268,7 +268,8 @@ def output(task: str, loss: torch.Tensor | None, logits):
     cls = {"sequence_classification": mo.SequenceClassifierOutput,
            "token_classification": mo.TokenClassifierOutput,
            "masked_lm": mo.MaskedLMOutput,
-           "image_classification": mo.ImageClassifierOutput}[task]
+           "image_classification": mo.ImageClassifierOutput,
+           "multiple_choice": mo.MultipleChoiceModelOutput}[task]
     return cls(loss=loss, logits=logits)
 
 

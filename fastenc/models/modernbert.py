@@ -6,7 +6,8 @@ norm on layer 0, final norm. Pre-norm residual adds are fused into the following
 Usage: model(input_ids, attention_mask=None) -> last hidden state (batch, seq, hidden), zeros at padded positions;
 return_packed=True -> (hidden (total_tokens, hidden), PackedBatch). Heads: ModernBertForSequenceClassification
 (cls/mean pooling -> head -> classifier), ModernBertForTokenClassification, ModernBertForQuestionAnswering,
-ModernBertForMaskedLM (decoder tied to embeddings.tok, logits only where asked for). Parameter names follow Hugging
+ModernBertForMaskedLM (decoder tied to embeddings.tok, logits only where asked for), ModernBertForMultipleChoice
+(the sequence classifier's pooling and head per choice, one score each: fastenc.models.multiple_choice). Parameter names follow Hugging
 Face's (embeddings.tok.weight, embeddings.norm, layers.i.{attn_norm,attn.Wqkv,attn.Wo,mlp_norm,mlp.Wi,mlp.Wo},
 final_norm, head.{dense,norm}, classifier, decoder_bias).
 Training: parameters require grad; model.train() turns on transformers' dropouts (embedding_dropout after the
@@ -27,6 +28,7 @@ from fastenc.quant.model import QuantMixin
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture, heads_of
 from fastenc.models.convert import Entry, lin
+from fastenc.models.multiple_choice import MultipleChoice
 from fastenc.models.saving import SaveMixin
 from fastenc.models.base import TextEncoderMixin, check_text_inputs, pack_text
 from fastenc.models.columns import (column_attention, padded_first_rows, padded_positions, row_tokens,
@@ -310,6 +312,27 @@ class ModernBertForSequenceClassification(_ModernBertWithHead):
         return losses.output(self.task, losses.sequence_loss(self.config, kind, logits, labels), logits)
 
 
+class ModernBertForMultipleChoice(MultipleChoice, ModernBertModel):
+    """input_ids (batch, choices, seq) (attention_mask alike) -> logits (batch, choices): classifier(drop(head(
+    pool))) per choice, pool as the sequence classifier's (classifier_pooling 'cls': the first real token, as
+    transformers' argmax of the mask; 'mean': the mean over the real tokens), dropout classifier_dropout.
+    labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits)."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__(config)
+        self.head = ModernBertHead(config)
+
+    def choice_pool(self, ids, mask, types) -> torch.Tensor:
+        if self.config.classifier_pooling == "mean":
+            x, batch = self._encode(ids, mask)
+            return self.head(batch.mean(x))
+        return self.head(self._run(ids, mask, first_only=True)[0])
+
+    @property
+    def choice_dropout(self) -> float:
+        return self.config.classifier_dropout
+
+
 class ModernBertForTokenClassification(_ModernBertWithHead):
     """logits = classifier(head(hidden)): (batch, seq, num_labels), zeros at padded positions.
     labels= int (batch, seq), -100 ignored (and required at padded positions) -> TokenClassifierOutput(loss, logits), loss over the packed
@@ -417,7 +440,7 @@ def weight_map(cfg: ModernBertConfig, task: str, prefix: str = "") -> list[Entry
     if task != "base":
         m += lin("head.dense", "head.dense", cfg.classifier_bias)
         m += lin("head.norm", "head.norm", nb)
-    if task in ("sequence_classification", "token_classification", "question_answering"):
+    if task in ("sequence_classification", "token_classification", "question_answering", "multiple_choice"):
         m += lin("classifier", "classifier")
     if task == "masked_lm" and cfg.decoder_bias:  # the decoder weight is embeddings.tok's (tied, stored once)
         m.append(("decoder_bias", ("decoder.bias",), "copy"))
@@ -448,7 +471,7 @@ ARCHITECTURE = Architecture(
     model_type="modernbert",
     config=ModernBertConfig,
     heads=heads_of(ModernBertModel, ModernBertForSequenceClassification, ModernBertForTokenClassification,
-                   ModernBertForQuestionAnswering, ModernBertForMaskedLM),
+                   ModernBertForQuestionAnswering, ModernBertForMaskedLM, ModernBertForMultipleChoice),
     weight_map=weight_map,
     head_prefix="model.",
     token_types=False,  # (transformers' forward takes token_type_ids and ignores them; so does accelerate)

@@ -11,8 +11,8 @@ the distances within the packed sequence; a mask with holes (a row not one run) 
 to the attention ops as its position (`positions=`). compute_position_bias uses its default num_buckets=32 whatever
 config.relative_attention_num_buckets says: the first 32 rows of the table are read (the config must hold >= 32).
 
-Usage: fastenc.from_hf(hf_mpnet) / fastenc.from_pretrained(folder) (MPNetModel and the heads below; a saved
-  MPNetForMultipleChoice loads as the encoder, with its pooler), or MPNetModel(MPNetConfig(...)).
+Usage: fastenc.from_hf(hf_mpnet) / fastenc.from_pretrained(folder) (MPNetModel and the heads below), or
+  MPNetModel(MPNetConfig(...)).
   model(input_ids, attention_mask=None) -> (batch, seq, hidden), zeros at padding (token_type_ids must be None).
 Heads (transformers' names):
   MPNetForSequenceClassification  out_proj(drop(tanh(dense(drop(<s>))))) -> (batch, num_labels); no pooler
@@ -20,6 +20,7 @@ Heads (transformers' names):
   MPNetForQuestionAnswering       qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq)
   MPNetForMaskedLM                layer_norm(gelu(dense(hidden))) @ word_embedding^T + bias -> vocab logits (exact
                                   GELU whatever hidden_act is, as transformers' MPNetLMHead)
+  MPNetForMultipleChoice          classifier(drop(tanh(pooler(column 0)))) per choice -> (batch, choices)
 Dropouts as transformers': embeddings, attention probabilities, attention and MLP outputs (hidden_dropout_prob /
 attention_probs_dropout_prob), the heads' hidden_dropout_prob.
 Parameter names (fastenc side of `weight_map`): embeddings.{word,position}.weight, embeddings.norm.*, relative_bias,
@@ -48,6 +49,7 @@ from fastenc.models.bert_direct import direct_block, direct_linears
 from fastenc.models.columns import _project, padded_first_rows, padded_positions, rows_with_holes
 from fastenc.models.config import BertConfig
 from fastenc.models.convert import Entry, lin, qkv
+from fastenc.models.multiple_choice import MultipleChoice
 from fastenc.ops._common import needs_grad
 from fastenc.ops.direct import Plan
 from fastenc.padding import gather_rows
@@ -405,6 +407,13 @@ class MPNetForMaskedLM(MPNetModel):
         return self.lm_head.transform(x), self.decoder_weight, self.lm_head.bias
 
 
+class MPNetForMultipleChoice(MultipleChoice, MPNetModel):
+    """input_ids (batch, choices, seq) (attention_mask alike) -> logits (batch, choices): classifier(drop(tanh(
+    pooler(column 0)))) per choice, column 0 read as transformers does (padding or not), dropout
+    hidden_dropout_prob. labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits)."""
+    needs_pooler = True
+
+
 def weight_map(cfg: MPNetConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name of every MPNet tensor (prefix "mpnet." inside the head classes). The
     masked-LM decoder is the word embedding and lm_head.bias: transformers' state_dict repeats them as
@@ -428,7 +437,7 @@ def weight_map(cfg: MPNetConfig, task: str, prefix: str = "") -> list[Entry]:
         m += lin("pooler", f"{p}pooler.dense")
     if task == "sequence_classification":
         m += lin("classifier.dense", "classifier.dense") + lin("classifier.out_proj", "classifier.out_proj")
-    elif task == "token_classification":
+    elif task in ("token_classification", "multiple_choice"):
         m += lin("classifier", "classifier")
     elif task == "question_answering":
         m += lin("qa_outputs", "qa_outputs")
@@ -455,14 +464,13 @@ ARCHITECTURE = Architecture(
     model_type="mpnet",
     config=MPNetConfig,
     heads=heads_of(MPNetModel, MPNetForSequenceClassification, MPNetForTokenClassification,
-                   MPNetForQuestionAnswering, MPNetForMaskedLM),
+                   MPNetForQuestionAnswering, MPNetForMaskedLM, MPNetForMultipleChoice),
     weight_map=weight_map,
     head_prefix="mpnet.",
     # transformers' MPNet forward takes token_type_ids through **kwargs and ignores it (a BERT-style tokenizer sends
     # it from sentence-transformers): accelerate ignores it too; the fastenc models take none
     inputs=frozenset({"input_ids", "attention_mask", "token_type_ids", "return_dict", "num_items_in_batch"}),
     token_types=False,
-    encoder_of=("MPNetForMultipleChoice",),
     config_overrides=roberta.pooler_override,
     lora_targets=("q", "v"),  # (PEFT has no default for mpnet: the query and value projections, as BERT's)
     pooling="mean",

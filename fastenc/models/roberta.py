@@ -12,6 +12,8 @@ Heads (transformers' names, parameter names of the fastenc side in `weight_map`)
   RobertaForTokenClassification     classifier(drop(hidden)) -> (batch, seq, num_labels)
   RobertaForQuestionAnswering       qa_outputs(hidden) -> (start_logits, end_logits), each (batch, seq)
   RobertaForMaskedLM                layer_norm(gelu(dense(hidden))) @ word_embedding^T + bias -> vocab logits
+  RobertaForMultipleChoice          classifier(drop(tanh(pooler(column 0)))) per choice -> (batch, choices),
+                                    dropout hidden_dropout_prob (fastenc.models.multiple_choice)
 XLM-RoBERTa (fastenc.models.xlm_roberta) is the same network under its own names.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastenc.layers import LayerNorm, Linear
+from fastenc.layers.embedding import padding_row
 from fastenc.layers.mlp import activation
 from fastenc.models import losses
 from fastenc.models.architecture import Architecture
@@ -31,6 +34,7 @@ from fastenc.models.bert import BertForTokenClassification, BertModel, _classifi
 from fastenc.models.bert import weight_map as bert_weight_map
 from fastenc.models.config import BertConfig
 from fastenc.models.convert import Entry, lin
+from fastenc.models.multiple_choice import MultipleChoice
 
 
 @dataclass
@@ -47,6 +51,11 @@ class RobertaConfig(BertConfig):
     def max_tokens(self) -> int:
         """The most tokens a row can hold: positions run from padding_idx + 1 to max_position_embeddings - 1."""
         return self.max_position_embeddings - self.pad_token_id - 1
+
+    @property
+    def position_padding_idx(self) -> int | None:
+        """The position table's padding_idx, as transformers' RobertaEmbeddings (its row gets no gradient)."""
+        return padding_row(self.pad_token_id, self.max_position_embeddings)
 
 
 class _RobertaPositions:
@@ -201,6 +210,13 @@ class RobertaForMaskedLM(RobertaModel):
         return losses.output(self.task, losses.cross_entropy(logits, packed_labels[rows]), logits)
 
 
+class RobertaForMultipleChoice(MultipleChoice, RobertaModel):
+    """input_ids (batch, choices, seq) (attention_mask alike) -> logits (batch, choices): classifier(drop(tanh(
+    pooler(column 0)))) per choice, column 0 read as transformers does (padding or not), dropout
+    hidden_dropout_prob. labels= int (batch,) -> MultipleChoiceModelOutput(loss, logits)."""
+    needs_pooler = True
+
+
 def weight_map(cfg: RobertaConfig, task: str, prefix: str = "") -> list[Entry]:
     """fastenc name <-> transformers name (prefix "roberta." inside the head classes). The masked-LM decoder is
     the word embedding: transformers' state_dict repeats it (and the bias) as lm_head.decoder.*, its checkpoints
@@ -208,7 +224,7 @@ def weight_map(cfg: RobertaConfig, task: str, prefix: str = "") -> list[Entry]:
     m = bert_weight_map(cfg, "base", prefix)
     if task == "sequence_classification":
         m += lin("classifier.dense", "classifier.dense") + lin("classifier.out_proj", "classifier.out_proj")
-    elif task == "token_classification":
+    elif task in ("token_classification", "multiple_choice"):
         m += lin("classifier", "classifier")
     elif task == "question_answering":
         m += lin("qa_outputs", "qa_outputs")
@@ -219,13 +235,13 @@ def weight_map(cfg: RobertaConfig, task: str, prefix: str = "") -> list[Entry]:
 
 
 def pooler_override(task: str, has_pooler: bool) -> dict:
-    """Only the base model has a pooler, when the checkpoint holds one."""
-    return {"add_pooling_layer": has_pooler and task == "base"}
+    """The base model has a pooler when the checkpoint holds one; the multiple-choice head always (its pooling)."""
+    return {"add_pooling_layer": (has_pooler and task == "base") or task == "multiple_choice"}
 
 
 HEADS = {"base": RobertaModel, "sequence_classification": RobertaForSequenceClassification,
          "token_classification": RobertaForTokenClassification, "question_answering": RobertaForQuestionAnswering,
-         "masked_lm": RobertaForMaskedLM}
+         "masked_lm": RobertaForMaskedLM, "multiple_choice": RobertaForMultipleChoice}
 
 
 def tiny_config_of(family: str):

@@ -5,7 +5,8 @@ with no further projection; logits = cosine * logit_scale.exp() + logit_bias, an
 the sigmoid loss: -sum over each text's row of logsigmoid(+-logits) (+ on the matching pair, - elsewhere), averaged
 over the texts. The two-tower machinery (forward, get_*_features, encode) is CLIP's (fastenc.models.clip).
 SiglipForImageClassification: the vision tower, its last hidden state averaged over the patch tokens, a linear
-classifier (num_labels), labels= with transformers' loss (fastenc.models.losses).
+classifier (num_labels), labels= with transformers' loss (fastenc.models.losses): CLIP's image classifier
+(fastenc.models.clip.CLIPForImageClassification) over SigLIP's tower.
 
 Usage: as fastenc.models.clip.CLIPModel (model(input_ids, pixel_values, attention_mask=None, return_loss=False,
 interpolate_pos_encoding=False) -> ContrastiveOutput; get_text_features / get_image_features -> Features;
@@ -22,14 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastenc.layers import Linear
-from fastenc.lora import LoraMixin
-from fastenc.models import losses, siglip_text, siglip_vision
+from fastenc.models import siglip_text, siglip_vision
 from fastenc.models.architecture import Architecture, heads_of
-from fastenc.models.clip import CLIPConfig, CLIPModel, under
-from fastenc.models.convert import Entry, lin
-from fastenc.models.saving import SaveMixin
-from fastenc.quant.model import QuantMixin
+from fastenc.models.clip import CLIPConfig, CLIPForImageClassification, CLIPModel, image_classifier_map, under
+from fastenc.models.convert import Entry
 
 
 @dataclass
@@ -79,39 +76,19 @@ class SiglipModel(CLIPModel):
         return -F.logsigmoid(sign * logits_per_text).sum(dim=-1).mean()
 
 
-class SiglipForImageClassification(QuantMixin, LoraMixin, SaveMixin, nn.Module):
+class SiglipForImageClassification(CLIPForImageClassification):
     """logits = classifier(mean over the patch tokens of the vision tower's last hidden state): (batch,
     num_labels) (the hidden state itself, averaged, when num_labels is 0). labels= (batch,) int / float (see
     fastenc.models.losses) -> transformers' ImageClassifierOutput(loss, logits); transformers' loss here takes no
-    num_items_in_batch (accepted and unused, as there)."""
-    task = "image_classification"
+    num_items_in_batch (accepted and unused, as there). CLIP's image classifier over SigLIP's tower, which has no
+    [CLS] (every token is a patch) and takes interpolate_pos_encoding."""
+    VISION = siglip_vision.SiglipVisionModel
 
-    def __init__(self, config: SiglipConfig):
-        super().__init__()
-        self.config = config
-        self.vision_model = siglip_vision.SiglipVisionModel(config.vision_config)
-        h = config.vision_config.hidden_size
-        self.classifier = Linear(h, config.num_labels) if config.num_labels > 0 else None
+    def _vision_packed(self, pixel_values, interpolate_pos_encoding: bool):
+        return self.vision_model(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, return_packed=True)
 
-    @property
-    def layers(self):
-        return self.vision_model.layers
-
-    def forward(self, pixel_values, labels=None, num_items_in_batch=None, interpolate_pos_encoding: bool = False):
-        kind = None
-        if labels is not None:
-            if self.classifier is None:
-                raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
-                                 f"num_labels={self.config.num_labels}")
-            n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
-            kind = losses.check_sequence_labels(type(self).__name__, self.config, labels, n)
-        x, batch = self.vision_model(pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding),
-                                     return_packed=True)
-        pooled = x.view(batch.batch, batch.seq, -1).mean(dim=1)
-        logits = pooled if self.classifier is None else self.classifier(pooled)
-        if labels is None:
-            return logits
-        return losses.output(self.task, losses.sequence_loss(self.config, kind, logits, labels), logits)
+    def _patch_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
 
 
 def weight_map(cfg: SiglipConfig, task: str, prefix: str = "") -> list[Entry]:
@@ -119,9 +96,9 @@ def weight_map(cfg: SiglipConfig, task: str, prefix: str = "") -> list[Entry]:
     classifier) for SiglipForImageClassification; with the text tower's under text_model., logit_scale and
     logit_bias for SiglipModel."""
     p = prefix
-    vision = under("vision_model.", siglip_vision.weight_map(cfg.vision_config, "base", f"{p}vision_model."))
     if task == "image_classification":
-        return vision + (lin("classifier", f"{p}classifier") if cfg.num_labels > 0 else [])
+        return image_classifier_map(siglip_vision.weight_map, cfg, p)
+    vision = under("vision_model.", siglip_vision.weight_map(cfg.vision_config, "base", f"{p}vision_model."))
     m = under("text_model.", siglip_text.weight_map(cfg.text_config, "base", f"{p}text_model.")) + vision
     return m + [("logit_scale", (f"{p}logit_scale",), "copy"), ("logit_bias", (f"{p}logit_bias",), "copy")]
 

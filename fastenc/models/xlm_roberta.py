@@ -33,7 +33,12 @@ class XLMRobertaForMaskedLM(roberta.RobertaForMaskedLM):
     """The masked-LM head, decoder tied to the word embedding."""
 
 
+class XLMRobertaForMultipleChoice(roberta.RobertaForMultipleChoice):
+    """RoBERTa's multiple-choice head: the pooler on each choice's column 0, one score per choice."""
+
+
 ARCHITECTURE = roberta.architecture_of("xlm-roberta", XLMRobertaConfig, {
     "base": XLMRobertaModel, "sequence_classification": XLMRobertaForSequenceClassification,
     "token_classification": XLMRobertaForTokenClassification,
-    "question_answering": XLMRobertaForQuestionAnswering, "masked_lm": XLMRobertaForMaskedLM}, "XLMRoberta")
+    "question_answering": XLMRobertaForQuestionAnswering, "masked_lm": XLMRobertaForMaskedLM,
+    "multiple_choice": XLMRobertaForMultipleChoice}, "XLMRoberta")

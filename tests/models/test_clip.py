@@ -3,7 +3,9 @@ hidden 48, 3 heads, patch 7, image 35, projection 20): the joint forward (logits
 contrastive loss) with right-padded text, get_text_features / get_image_features (transformers 5's
 BaseModelOutputWithPooling fields), gradients of the loss in training, save_pretrained / from_pretrained both ways,
 accelerate (forward, get_*_features, training through transformers' parameters), encode of texts and images, PEFT
-LoRA on both towers, the text towers' encode (the model's own text embedding, as sentence-transformers' CLIP module takes it), bad input."""
+LoRA on both towers, the text towers' encode (the model's own text embedding, as sentence-transformers' CLIP module takes it), bad input;
+CLIPForImageClassification: logits and the loss with labels, every gradient in training, save_pretrained /
+from_pretrained both ways, accelerate, bad input."""
 from __future__ import annotations
 
 import json
@@ -251,3 +253,76 @@ def test_peft_lora_adapter_on_both_towers(tmp_path, merge):
         ref, out = peft(input_ids=ids, pixel_values=x).logits_per_text, fe(ids, x).logits_per_text
     assert float((out - plain).abs().max()) > 1e-2
     _close(out, ref)
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_image_classification_with_labels_and_gradients(num_labels):
+    # the patch tokens' mean, [CLS] left out, of the last hidden state before post_layernorm, then the classifier;
+    # in training every gradient (through the inverse weight map) as transformers'
+    hf = _hf.clip("image_classification", seed=40, num_labels=num_labels).train()
+    fe = fastenc.from_hf(hf).train()
+    assert type(fe).__name__ == "CLIPForImageClassification"
+    x = _images(4, seed=41)
+    g = torch.Generator().manual_seed(42)
+    labels = torch.randint(0, 3, (4,), generator=g) if num_labels > 1 else torch.randn(4, generator=g)
+    ref, out = hf(x, labels=labels), fe(x, labels=labels)
+    assert type(out) is type(ref)
+    _close(out.logits, ref.logits)
+    _close(out.loss, ref.loss)
+    assert fe.config.problem_type == hf.config.problem_type
+    ref.loss.backward()
+    out.loss.backward()
+    from fastenc.models import architecture, convert
+
+    grads = {n: p.grad for n, p in fe.named_parameters() if p.grad is not None}
+    entries = [e for e in architecture.get("clip").entries(fe.config, "image_classification") if e[0] in grads]
+    mine = convert.fastenc_to_hf(entries, grads, fe.config)
+    theirs = {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
+    assert "classifier.weight" in theirs and "vision_model.post_layernorm.weight" not in theirs
+    assert theirs.keys() == mine.keys(), sorted(theirs.keys() ^ mine.keys())
+    for name, t in theirs.items():
+        _close(mine[name], t, 1e-5 * max(1.0, float(t.abs().max())))
+    with torch.no_grad():
+        cls_only = hf.eval().vision_model(x).last_hidden_state[:, 1:].mean(1)  # (what the classifier reads)
+        _close(fe.eval()(x), hf.classifier(cls_only))
+
+
+def test_image_classification_save_and_accelerate(tmp_path):
+    hf = _hf.clip("image_classification", seed=43)
+    hf.save_pretrained(tmp_path / "hf")
+    fe = fastenc.from_pretrained(tmp_path / "hf")
+    assert type(fe).__name__ == "CLIPForImageClassification"
+    fe.save_pretrained(tmp_path / "fe")
+    back = _hf.transformers.CLIPForImageClassification.from_pretrained(tmp_path / "fe", attn_implementation="eager")
+    assert set(back.state_dict()) == set(hf.state_dict())
+    for k, v in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    config = json.loads((tmp_path / "fe" / "config.json").read_text())
+    assert config["architectures"] == ["CLIPForImageClassification"] and len(config["id2label"]) == 3
+    again = fastenc.from_pretrained(tmp_path / "fe")
+    x = _images(2, seed=44)
+    labels = torch.tensor([2, 0])
+    with torch.no_grad():
+        ref = hf(x, labels=labels)
+        _close(again(x), ref.logits)
+        out, ran = _hf.ran_fastenc(lambda: fastenc.accelerate(hf)(x, labels=labels))
+    assert ran and type(out) is type(ref)
+    _close(out.logits, ref.logits)
+    _close(out.loss, ref.loss)
+
+
+def test_image_classification_bad_input():
+    from fastenc.models.clip import CLIPConfig, CLIPForImageClassification
+
+    hf = _hf.clip("image_classification", seed=45)
+    fe = fastenc.from_hf(hf)
+    with pytest.raises(ValueError, match="interpolate_pos_encoding=True is not supported"):
+        fe(_images(2), interpolate_pos_encoding=True)
+    with pytest.raises(ValueError, match="pixel_values must be"):
+        fe(torch.randn(2, 3, 28, 28))
+    with pytest.raises(ValueError, match=r"labels must have shape \(2,\)"):
+        fe(_images(2), labels=torch.tensor([0, 1, 2]))
+    clf = CLIPForImageClassification(CLIPConfig.from_dict(hf.config.to_dict(), num_labels=0))
+    assert clf.classifier is None and clf(_images(2)).shape == (2, 48)
+    with pytest.raises(ValueError, match="labels need a classifier"):
+        clf(_images(2), labels=torch.tensor([0, 1]))

@@ -340,14 +340,3 @@ def test_lora_q_v_and_classifier_heads_load_in_peft(tmp_path):
     ids, mask, _ = _hf.text_batch([9, 4, 12], seed=2)
     with torch.no_grad():
         _close(fe.eval()(ids, mask), peft(input_ids=ids, attention_mask=mask).logits, tol=1e-5)
-
-
-def test_multiple_choice_checkpoint_loads_as_encoder(tmp_path):
-    hf = _hf._init(_hf.transformers.DistilBertForMultipleChoice(_hf.distilbert("base").config), 16)
-    hf.save_pretrained(tmp_path)
-    fe = fastenc.from_pretrained(tmp_path)
-    assert type(fe).__name__ == "DistilBertModel"
-    ids, mask, _ = _hf.text_batch([7, 20], seed=16)
-    with torch.no_grad():
-        ref = hf.distilbert(input_ids=ids, attention_mask=mask).last_hidden_state
-        _close(fe(ids, mask), ref, mask)

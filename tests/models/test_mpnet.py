@@ -235,18 +235,6 @@ def test_save_and_load_both_ways(tmp_path):
     assert _err(fe(ids, mask), ref, mask) <= TOL
 
 
-def test_multiple_choice_checkpoint_loads_as_encoder(tmp_path):
-    hf = _hf._init(_hf.transformers.MPNetForMultipleChoice(_hf.mpnet("base", layers=1).config), 4).eval()
-    hf.save_pretrained(tmp_path)
-    fe = fastenc.from_pretrained(tmp_path)
-    assert type(fe).__name__ == "MPNetModel" and fe.pooler is not None
-    ids, mask = _hf.roberta_batch([10, 3], seed=3)
-    with torch.no_grad():
-        ref = hf.mpnet(ids, attention_mask=mask)
-    out = fe(ids, mask)
-    assert _err(out, ref.last_hidden_state, mask) <= TOL and _err(fe.pool(out, mask), ref.pooler_output) <= TOL
-
-
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "unmerged"])
 def test_lora_matches_peft_and_saves_what_peft_loads(tmp_path, merge):
     import copy
