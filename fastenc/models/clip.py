@@ -279,13 +279,7 @@ class CLIPForImageClassification(QuantMixin, LoraMixin, SaveMixin, nn.Module):
         return hidden[:, 1:]
 
     def forward(self, pixel_values, labels=None, num_items_in_batch=None, interpolate_pos_encoding: bool = False):
-        kind = None
-        if labels is not None:
-            if self.classifier is None:
-                raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
-                                 f"num_labels={self.config.num_labels}")
-            n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
-            kind = losses.check_sequence_labels(type(self).__name__, self.config, labels, n)
+        kind = losses.check_image_labels(self, pixel_values, labels)
         x, batch = self._vision_packed(pixel_values, bool(interpolate_pos_encoding))
         pooled = self._patch_tokens(x.view(batch.batch, batch.seq, -1)).mean(dim=1)
         logits = pooled if self.classifier is None else self.classifier(pooled)

@@ -311,13 +311,7 @@ class Dinov2ForImageClassification(Dinov2Model):
         self.classifier = Linear(2 * config.hidden_size, n) if n > 0 else None
 
     def forward(self, pixel_values, labels=None, num_items_in_batch=None):
-        kind = None
-        if labels is not None:
-            if self.classifier is None:
-                raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
-                                 f"num_labels={self.config.num_labels}")
-            n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
-            kind = losses.check_sequence_labels(type(self).__name__, self.config, labels, n)
+        kind = losses.check_image_labels(self, pixel_values, labels)
         x, batch = self._encode(pixel_values)
         tokens = x.view(batch.batch, batch.seq, -1)
         feats = torch.cat([tokens[:, 0], tokens[:, 1 + self.config.num_register_tokens:].mean(dim=1)], dim=1)

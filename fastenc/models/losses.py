@@ -58,6 +58,19 @@ def _range(name: str, labels: torch.Tensor, n: int) -> None:
         raise ValueError(f"{name}: labels must be class indices in [0, {n}) or {IGNORE} (ignored), got {v}")
 
 
+def check_image_labels(model, pixel_values, labels) -> str | None:
+    """The problem type of an image classifier's `labels` (check_sequence_labels over pixel_values' batch), None
+    without labels; labels on a model without a classifier (num_labels 0) are refused."""
+    if labels is None:
+        return None
+    name = type(model).__name__
+    if model.classifier is None:
+        raise ValueError(f"{name}: labels need a classifier (num_labels > 0), this model has "
+                         f"num_labels={model.config.num_labels}")
+    n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
+    return check_sequence_labels(name, model.config, labels, n)
+
+
 def check_sequence_labels(name: str, config, labels, batch: int) -> str:
     """Validate labels of a (batch,)-row classification head; returns the problem type (not yet stored)."""
     if not isinstance(labels, torch.Tensor):

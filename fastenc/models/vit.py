@@ -157,13 +157,7 @@ class ViTForImageClassification(ViTModel):
         self.classifier = Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else None
 
     def forward(self, pixel_values, labels=None, num_items_in_batch=None):
-        kind = None
-        if labels is not None:
-            if self.classifier is None:
-                raise ValueError(f"{type(self).__name__}: labels need a classifier (num_labels > 0), this model has "
-                                 f"num_labels={self.config.num_labels}")
-            n = int(pixel_values.shape[0]) if isinstance(pixel_values, torch.Tensor) and pixel_values.dim() else 0
-            kind = losses.check_sequence_labels(type(self).__name__, self.config, labels, n)
+        kind = losses.check_image_labels(self, pixel_values, labels)
         cls, _ = self._encode(pixel_values, first_only=True)  # the last layer past attention at the CLS rows only
         logits = cls if self.classifier is None else self.classifier(cls)
         if labels is None:
