@@ -8,8 +8,8 @@ layers reuse the same memory instead of faulting in fresh pages for every GEMM o
 form: when autograd records the call (grad mode on and x, weight or bias requiring grad) the output is a new tensor.
 The parameters require grad, as torch.nn.Linear's do.
 In inference on CPU (fp32, grad off: fastenc.layers.prepack.use_panels) the GEMM runs on a packed copy of the weight
-(fastenc's panels, or oneDNN's layout while the extension is not loaded: prepack.use_packed), built at first use and
-rebuilt when the weight changes; `weight` itself stays the plain tensor that state_dict, LoRA merge and training
+(fastenc's panels, or oneDNN's layout while the extension is not loaded: prepack.gemm_path; from 128 rows torch's
+own GEMM where it measured faster: prepack.panels_chosen), built at first use and rebuilt when the weight changes; `weight` itself stays the plain tensor that state_dict, LoRA merge and training
 see.
 """
 from __future__ import annotations
@@ -43,10 +43,11 @@ class Linear(nn.Module):
         w = self.weight
         if self.int8 is not None:
             return self._int8().linear(w, x, bias)
-        if prepack.use_panels(x, w):
+        path = prepack.gemm_path(x, w)
+        if path == "panels":
             return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, bias,
                                       extension.buffer_empty((x.shape[0], self.out_features), x))
-        if prepack.use_packed(x, w):
+        if path == "onednn":
             return prepack.linear(x, self._packed(w)[0], bias)
         if (x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype and w.device.type == "cpu"
                 and registry.backend_allowed("cpu") and not needs_grad(x, w, bias)):
@@ -95,13 +96,14 @@ class Linear(nn.Module):
         if self.int8 is not None:
             return self._int8().planes(w, self.bias, x, parts)
         views = self._views(parts)
-        if prepack.use_panels(x, w):
+        path = prepack.gemm_path(x, w)
+        if path == "panels":
             n = self.out_features // parts
             out = extension.buffer_empty((parts, x.shape[0], n), x)
             outs = out.unbind(0) if out is not None else (None,) * parts
             return tuple(prepack.panel_gemm(x, pw, n, bi, o)
                          for pw, bi, o in zip(self._packed(w, parts, panels=True), views.b, outs))
-        if prepack.use_packed(x, w):
+        if path == "onednn":
             return tuple(prepack.linear(x, pw, bi) for pw, bi in zip(self._packed(w, parts), views.b))
         shape = (parts, x.shape[0], self.out_features // parts)
         out = extension.buffer_empty(shape, x) if registry.backend_allowed("cpu") else None
@@ -125,7 +127,7 @@ class Linear(nn.Module):
         if self.int8 is not None:
             return self._int8().linear(w, x, self.bias, extension.buffer_empty((x.shape[0], self.out_features), x),
                                        gelu=approximate)
-        if not prepack.use_panels(x, w):
+        if prepack.gemm_path(x, w) != "panels":
             return None
         return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, self.bias,
                                   extension.buffer_empty((x.shape[0], self.out_features), x), gelu=approximate)
@@ -142,7 +144,7 @@ class Linear(nn.Module):
         w = self.weight
         if self.int8 is not None:
             return self._int8().linear(w, x, None, out, accumulate=True)
-        if prepack.use_panels(x, w) and out.dtype == torch.float32 and out.stride(-1) == 1:
+        if prepack.gemm_path(x, w) == "panels" and out.dtype == torch.float32 and out.stride(-1) == 1:
             return prepack.panel_gemm(x, self._packed(w, panels=True)[0], self.out_features, None, out, True)
         if out.dtype == x.dtype == self.weight.dtype and out.device == x.device:
             wt = self.weight.t() if torch.is_grad_enabled() else self._views(1).wt[0]

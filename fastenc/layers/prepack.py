@@ -9,6 +9,10 @@ extension the (out, in) fp32 weight is reordered into oneDNN's blocked layout (t
 (MIN_TOKENS for a weight of LARGE_WEIGHT elements or more, MIN_TOKENS_SMALL below) and weights of MIN_WEIGHT
 elements or more: oneDNN's fixed cost per call loses at a few rows.
 
+From CHOICE_MIN_ROWS rows the panel GEMM runs only where it was measured no slower than torch's own GEMM for that
+(octave of rows, weight shape, thread count) in this process (`panels_chosen`; FASTENC_GEMM fixes the answer);
+otherwise torch's plain GEMM runs (`gemm_path` gives a call's path).
+
 A packed path runs only for CPU fp32 activations and weight, x 2-D, grad disabled (torch.no_grad /
 inference_mode; the weight may require grad: nothing is recorded), not under torch.compile tracing, a weight that
 is not an inference tensor (its in-place writes would go unseen), FASTENC_PREPACK not "0", and the registry
@@ -105,6 +109,73 @@ def use_panels(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.device.type == "cpu" and w.device.type == "cpu" and not torch.is_grad_enabled()
             and not w.is_inference() and not torch.compiler.is_compiling() and _enabled()
             and extension.loaded() and registry.backend_allowed("cpu"))
+
+
+CHOICE_MIN_ROWS = 128  # rows of x from which the panel GEMM and torch's GEMM are measured against each other
+_CHOICE: dict = {}  # (row octave, in, out, threads) -> True: the panel GEMM won, False: torch's GEMM won
+_MODE: list[str] = []  # FASTENC_GEMM, read at the first choice
+
+
+def gemm_mode() -> str:
+    """FASTENC_GEMM: "auto" (default: measure, see `panels_chosen`), "panels" or "torch" (always that GEMM)."""
+    if not _MODE:
+        mode = os.environ.get("FASTENC_GEMM", "auto")
+        if mode not in ("auto", "panels", "torch"):
+            raise ValueError(f"FASTENC_GEMM must be 'auto', 'panels' or 'torch', got {mode!r}")
+        _MODE.append(mode)
+    return _MODE[0]
+
+
+def panels_chosen(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a call that may take the panel GEMM (`use_panels`) should, rather than torch's own GEMM (MKL's sgemm
+    on x86 builds). Below CHOICE_MIN_ROWS rows: yes (no packing of x to repay, and the epilogues fuse the bias,
+    GELU and residual). From there the faster of the two differs by CPU, so the first call of each (octave of rows,
+    in, out, threads) times both on its own x and w (`measure_choice`) and later calls of that key reuse the answer.
+    FASTENC_GEMM="panels" / "torch" fixes the answer instead."""
+    mode = gemm_mode()
+    if mode != "auto":
+        return mode == "panels"
+    m = x.shape[0]
+    if m < CHOICE_MIN_ROWS:
+        return True
+    key = (m.bit_length(), w.shape[1], w.shape[0], torch.get_num_threads())
+    got = _CHOICE.get(key)
+    if got is None:
+        got = _CHOICE[key] = measure_choice(x, w)
+    return got
+
+
+def measure_choice(x: torch.Tensor, w: torch.Tensor, rounds: int = 3) -> bool:
+    """True when the panel GEMM computes x @ w.T (no bias) in no more time than torch.mm: the best of `rounds`
+    interleaved calls of each, on a fresh pack of w and one output buffer. Grad mode off (the caller's). x: the
+    call's (rows, in) input; one of another width stands for its row count only (random rows of w's width are
+    timed instead)."""
+    import time
+
+    if x.shape[1] != w.shape[1] or x.stride(1) != 1:
+        x = torch.randn(x.shape[0], w.shape[1], dtype=x.dtype)
+    n = w.shape[0]
+    wd = w.detach()
+    panels = direct.gemm_pack(wd.contiguous())
+    wt = wd.t()
+    out = extension.buffer_empty((x.shape[0], n), x)
+    best_panels = best_torch = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        direct.gemm_packed(x, panels, n, None, out)
+        t1 = time.perf_counter()
+        torch.mm(x, wt, out=out)
+        t2 = time.perf_counter()
+        best_panels, best_torch = min(best_panels, t1 - t0), min(best_torch, t2 - t1)
+    return best_panels <= best_torch
+
+
+def gemm_path(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    """The GEMM an inference call y = x @ w.T takes: "panels" (`use_panels` and `panels_chosen`), "onednn"
+    (`use_packed`, while the panels are not available), or None: torch's plain GEMM."""
+    if use_panels(x, w):
+        return "panels" if panels_chosen(x, w) else None
+    return "onednn" if use_packed(x, w) else None
 
 
 def panel_gemm(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,

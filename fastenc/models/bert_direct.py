@@ -17,19 +17,17 @@ _GELU = {name: approx for name, (approx, _) in _ACTS.items() if approx is not No
 
 def direct_linears(layer, x: torch.Tensor):
     """(Wqkv, Wo, fc1, fc2) when each runs straight from a Plan's block (direct_block): int8, or fp32 on the
-    panel GEMM (prepack.use_panels, asked once for the block); else None."""
+    panel GEMM (prepack.gemm_path at the block's row count; fc2's choice is made on rows of its own width); else
+    None."""
     mods, attn = layer._modules, layer._modules["attn"]._modules
     if _GELU[mods["mlp"].act] not in ("none", "tanh"):  # (the GEMM epilogues' GELUs; quick is not one)
         return None
     mlp = mods["mlp"]._modules
     lins = (attn["Wqkv"], attn["Wo"], mlp["fc1"], mlp["fc2"])
-    panels = None
     for m in lins:
-        if m.int8 is None:
-            if panels is None:
-                panels = prepack.use_panels(x, m.weight)
-            if not panels or m.weight.dtype != torch.float32 or m.weight.device.type != "cpu":
-                return None
+        if m.int8 is None and (m.weight.dtype != torch.float32 or m.weight.device.type != "cpu"
+                               or prepack.gemm_path(x, m.weight) != "panels"):
+            return None
     return lins
 
 

@@ -344,12 +344,13 @@ def decode(module, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """The tied masked-LM decoder y @ weight.T (+ bias): y (n, hidden), weight (vocab, hidden) the word embedding.
     In CPU inference it runs on a packed GEMM (fastenc.layers.prepack: the panel GEMM, or oneDNN's while the extension
     is not loaded), the pack cached on `module` and rebuilt when the embedding changes; otherwise the plain GEMM."""
-    if prepack.use_panels(y, weight):
+    path = prepack.gemm_path(y, weight)
+    if path == "panels":
         cache = module.__dict__.get("_panels")
         if cache is None:
             cache = module.__dict__["_panels"] = prepack.PackCache(panels=True)
         return prepack.panel_gemm(y, cache.get(weight)[0], weight.shape[0], bias)
-    if prepack.use_packed(y, weight):
+    if path == "onednn":
         cache = module.__dict__.get("_pack")
         if cache is None:
             cache = module.__dict__["_pack"] = prepack.PackCache()

@@ -127,6 +127,13 @@ def test_qkv_attention_reads_q_k_v_in_place(monkeypatch, rows, path):
     assert torch.equal(same, dense)
 
 
+@pytest.fixture
+def panels_only(monkeypatch):
+    """The panel GEMM at every row count (FASTENC_GEMM=panels): the measured choice of prepack.panels_chosen may
+    give torch's GEMM from CHOICE_MIN_ROWS rows (tests/models/test_gemm_choice.py)."""
+    monkeypatch.setattr(prepack, "_MODE", ["panels"])
+
+
 def _panels(lin: Linear) -> int:
     cache = lin.__dict__.get("_panels")
     return len(cache.packed) if cache is not None else 0
@@ -134,7 +141,7 @@ def _panels(lin: Linear) -> int:
 
 @pytest.mark.parametrize("m,k,n", [(1, 7, 3), (16, 33, 41), (13, 384, 1152), (6, 1000, 16)],
                          ids=["1x7x3", "16x33x41", "13x384x1152", "6x1000x16"])
-def test_few_row_gemm_matches_plain(m, k, n):
+def test_few_row_gemm_matches_plain(panels_only, m, k, n):
     extension.load()
     lin = _linear(k, n)
     x = testing.randn(m, k)
@@ -151,7 +158,7 @@ def test_few_row_gemm_matches_plain(m, k, n):
         testing.assert_close(lin(x.t().contiguous().t()) if m > 1 else lin(x), ref)  # column-major x: plain GEMM
 
 
-def test_planes_on_panels():
+def test_planes_on_panels(panels_only):
     # Linear.planes (the inference QKV outside a plan): one panel GEMM per block of the weight, each plane contiguous
     extension.load()
     lin = _linear(96, 150)
@@ -163,7 +170,7 @@ def test_planes_on_panels():
     assert all(p.is_contiguous() and p.shape == (140, 50) for p in parts)
 
 
-def test_panel_rule_both_sides():
+def test_panel_rule_both_sides(panels_only):
     extension.load()
     w = torch.empty(64, 32)
     with torch.no_grad():
@@ -182,7 +189,7 @@ def test_panel_rule_both_sides():
         assert "_pack" not in lin.__dict__  # oneDNN's pack only without the extension: no second copy
 
 
-def test_few_row_panels_follow_weight_changes():
+def test_few_row_panels_follow_weight_changes(panels_only):
     extension.load()
     lin = _linear(40, 56)
     x = testing.randn(3, 40)
