@@ -144,3 +144,22 @@ def test_bad_top_k(top_k):
     fe = fastenc.from_hf(bert("masked_lm")).eval()
     with pytest.raises(ValueError, match="encode: top_k must be a positive int or None"):
         fe.encode([[5, 6, 7]], output="sparse", top_k=top_k)
+
+
+@pytest.mark.parametrize("density", [0.02, 0.6], ids=["sparse-rows", "dense-rows"])
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_sparse_rows_order_and_ties(density, top_k):
+    # Both ways of ordering (each row's non-zeros alone, or one stable sort of the matrix when some row is dense):
+    # non-zeros only, largest first, equal values by ascending index, against plain Python.
+    from fastenc.models import retrieval
+
+    g = torch.Generator().manual_seed(int(density * 100) + (top_k or 0))
+    w = torch.randint(1, 6, (3, 301), generator=g).float() / 4  # few distinct values: many ties
+    w[torch.rand(3, 301, generator=g) > density] = 0
+    w[1] = 0  # an all-zero row
+    rows = retrieval.sparse_rows(w, top_k)
+    for row, (idx, vals) in zip(w.tolist(), rows):
+        want = sorted((-v, j) for j, v in enumerate(row) if v != 0)[:top_k]
+        assert idx.tolist() == [j for _, j in want]
+        assert vals.tolist() == [-v for v, _ in want]
+        assert idx.dtype == torch.int64 and vals.dtype == torch.float32
