@@ -19,9 +19,27 @@ import sys
 from typing import Callable
 
 
+class ChildFailed(RuntimeError):
+    """The process of a spec ended without a result: `code` its exit status (negative: -signal), `killed` whether a
+    signal ended it (SIGKILL from the kernel's out-of-memory killer, most often), `error` the child's own message."""
+
+    def __init__(self, model, code: int, error: str | None):
+        self.code, self.error, self.killed = code, error, code < 0
+        how = f"exit code {code}"
+        if code < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"killed by {name}" + (" (the system ran out of memory, most likely)" if -code == 9 else "")
+        super().__init__(f"{model}: benchmark process failed ({how})" + (f": {error}" if error else ""))
+
+
 def run(spec: dict, log: Callable[[str], None], tick: Callable[[], None], step: Callable[[str], None]):
     """Run `spec` in a fresh Python process; its log lines, progress ticks and steps go to the callbacks; returns
-    its result (JSON), or raises RuntimeError with the child's error."""
+    its result (JSON), or raises ChildFailed (a RuntimeError) with the child's error or the signal that ended it."""
     proc = subprocess.Popen([sys.executable, "-m", "fastenc.benchmark.isolated", json.dumps(spec)],
                             stdout=subprocess.PIPE, text=True)
     result, error = None, None
@@ -42,8 +60,7 @@ def run(spec: dict, log: Callable[[str], None], tick: Callable[[], None], step: 
     finally:
         code = proc.wait()
     if result is None:
-        raise RuntimeError(f"{spec.get('model')}: benchmark process failed (exit code {code})"
-                           + (f": {error}" if error else ""))
+        raise ChildFailed(spec.get("model"), code, error)
     return result
 
 

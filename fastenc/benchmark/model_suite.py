@@ -163,9 +163,17 @@ def bench_models(device: str, dtype: torch.dtype, *, quick: bool, out: Path, mod
             bar.set_postfix_str(f"{n}: {msg}")
 
         run = _run_model_isolated if isolate else _run_model_here
-        results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step,
-                           breakdown=breakdown, only=workloads, rounds=rounds, quantize=quantize,
-                           texts=texts if _models.MODELS[n].kind == "text" else None))
+        try:
+            results.append(run(n, device, dtype, wanted, quick, threads, log=_log, tick=bar.refresh, step=step,
+                               breakdown=breakdown, only=workloads, rounds=rounds, quantize=quantize,
+                               texts=texts if _models.MODELS[n].kind == "text" else None))
+        except isolated.ChildFailed as e:  # (killed, e.g. out of memory: the other models still run)
+            if not e.killed:
+                raise
+            _log(f"{e}; going on with the next model")
+            results.append({"model": n, "rows": [], "latency_rows": [], "breakdown": {}, "skipped": {},
+                            "errors": {}, "failed": {"process": str(e)}, "provider_info": {},
+                            "workloads_not_run": {}})
         bar.update(len(steps) - done[0] + 1)
     bar.close()
     rows = [r for res in results for r in res["rows"]]

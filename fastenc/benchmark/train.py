@@ -345,6 +345,8 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
                 workloads=workloads or list(WORKLOADS), breakdown=breakdown)
     isolate = len(names) > 1 if isolate is None else isolate
     meta["process_per_model"] = isolate
+    failures: list[str] = []
+    meta["failures"] = failures
     t0 = time.perf_counter()
     results: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)
@@ -355,7 +357,7 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
             spec = {"entry": "fastenc.benchmark.train:run_isolated", "model": n, "modes": modes, "providers": providers, "quick": quick,
                     "repeats": repeats, "threads": torch.get_num_threads(), "attention_dropout": attention_dropout,
                     "workloads": workloads, "optimizer": optimizer, "breakdown": breakdown}
-            for res in isolated.run(spec, log, bar.refresh, lambda msg: None):
+            for res in _run_own_process(spec, log, bar.refresh, failures):
                 results.append(res)
                 bar.update(1)
             _write(out, meta, providers, results, complete=False)
@@ -381,7 +383,34 @@ def bench_train(*, quick: bool, out: Path, models=None, modes=None, providers=No
             r["provider"] for r in rows)), vals, "training throughput relative to the transformers baseline",
             f"training step (fwd+bwd+AdamW), {meta['machine']['cpu']}, {meta['threads']} threads, fp32"))
     print(train_table(rows))
-    return {"payload": payload, "files": [f for f in files if f], "failures": []}
+    report.print_failures(failures)
+    return {"payload": payload, "files": [f for f in files if f], "failures": failures}
+
+
+def _run_own_process(spec: dict, log: Callable[[str], None], tick: Callable[[], None],
+                     failures: list[str]) -> list[dict]:
+    """One model's cases in a fresh process (run_isolated). A process the system kills (out of memory, most often:
+    torch.compile of transformers holds the most) does not end the run: it is recorded in `failures` and, when
+    hf-compile was among the providers, the model runs again without it; any other failure raises."""
+    try:
+        return isolated.run(spec, log, tick, lambda msg: None)
+    except isolated.ChildFailed as e:
+        if not e.killed:
+            raise
+        if "hf-compile" not in spec["providers"]:
+            failures.append(str(e))
+            log(f"{e}; going on with the next model")
+            return []
+        failures.append(f"{e}; its cases ran again without hf-compile")
+        log(f"{e}; running {spec['model']} again without hf-compile")
+        again = {**spec, "providers": [p for p in spec["providers"] if p != "hf-compile"]}
+        try:
+            return isolated.run(again, log, tick, lambda msg: None)
+        except isolated.ChildFailed as e2:
+            if not e2.killed:
+                raise
+            failures.append(f"{e2} (without hf-compile)")
+            return []
 
 
 def run_isolated(spec: dict, send: Callable[..., None]) -> list[dict]:
