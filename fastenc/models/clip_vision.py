@@ -60,20 +60,6 @@ class CLIPVisionConfig(ViTConfig):
         return {"attention_dropout": self.attention_probs_dropout_prob}
 
 
-class QuickGELUMLP(nn.Module):
-    """fc2(quick_gelu(fc1(x))), quick_gelu(h) = h * sigmoid(1.702 h) (CLIP's, plain PyTorch math):
-    x (tokens, hidden) -> (tokens, hidden). forward(x, out_bias=False) leaves fc2's bias to the caller."""
-
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.fc1 = Linear(hidden, intermediate)
-        self.fc2 = Linear(intermediate, hidden)
-
-    def forward(self, x: torch.Tensor, out_bias: bool = True) -> torch.Tensor:
-        h = self.fc1(x)
-        return self.fc2(h * torch.sigmoid(1.702 * h), with_bias=out_bias)
-
-
 class CLIPVisionEmbeddings(nn.Module):
     """[CLS] (the class embedding) + patches (a GEMM without bias over unfolded patches) + position (1 + patches,
     hidden)."""
@@ -98,8 +84,8 @@ class CLIPVisionEmbeddings(nn.Module):
 
 
 class CLIPVisionLayer(vit.ViTLayer):
-    """ViT's pre-norm block (forward inherited) with CLIP's MLP: quick_gelu in plain PyTorch, any other activation
-    through fastenc's fused MLP; attention dropout only."""
+    """ViT's pre-norm block (forward inherited) with CLIP's MLP (quick_gelu by default: fastenc.ops.gelu's "quick"
+    form, the bias fused, in place after the fc1 GEMM); attention dropout only."""
 
     def __init__(self, cfg: CLIPVisionConfig):
         nn.Module.__init__(self)
@@ -108,8 +94,7 @@ class CLIPVisionLayer(vit.ViTLayer):
         self.attn = SelfAttention(h, cfg.num_attention_heads, bias=True, out_bias=True,
                                   dropout=cfg.attention_probs_dropout_prob)
         self.mlp_norm = LayerNorm(h, cfg.layer_norm_eps)
-        self.mlp = (QuickGELUMLP(h, cfg.intermediate_size) if cfg.hidden_act == "quick_gelu"
-                    else MLP(h, cfg.intermediate_size, cfg.hidden_act))
+        self.mlp = MLP(h, cfg.intermediate_size, cfg.hidden_act)
         self.dropout = 0.0
 
 
