@@ -32,7 +32,7 @@ FASTENC_INLINE void gelu_and_grad(float t, float& y, float& d) {
   }
   if (F == GeluForm::kTanh) {
     const float u2 = 1.59576912160573071f * (t + 0.044715f * t * t * t);
-    const float s = 1.0f / (1.0f + fm_exp(-u2));
+    const float s = fm_sigmoid(u2);
     y = t * s;
     d = s + t * s * (1.0f - s) * 1.59576912160573071f * (1.0f + 0.134145f * t * t);
   } else {
