@@ -20,6 +20,7 @@ import torch
 from fastenc.corpus import manifest as mf
 from fastenc.corpus import outputs, quantization, writers
 from fastenc.corpus.batching import token_budget_batches
+from fastenc.layers import prepack
 from fastenc.corpus.memory import pin_mmap_threshold, release_between_windows
 from fastenc.corpus.readers import (BadRowError, MissingFieldError, Record, check_fields, id_type, iter_records,
                                     iter_texts, resolve_sources)
@@ -184,12 +185,14 @@ def tokenize(model, texts: list[str], max_length: int) -> tuple[list[np.ndarray]
 def embed_ids(model, seqs: Sequence[Sequence[int]], pooling: str, normalize: bool, max_batch_tokens: int,
               max_batch_size: int, on_batch=None, dimensions: int | None = None) -> np.ndarray:
     """(len(seqs), dimensions or hidden) float32 embeddings in the order of `seqs`, run in token-budget batches
-    (dimensions: Matryoshka truncation, fastenc.models.base.finish_embeddings)."""
+    (dimensions: Matryoshka truncation, fastenc.models.base.finish_embeddings). The GEMMs run on fastenc's panel
+    GEMM at every row count (prepack.pinned, unless FASTENC_GEMM is set): a row's result depends neither on its
+    batch nor on a timing, so a resumed job writes the bits an uninterrupted one would."""
     from fastenc.models.base import finish_embeddings
 
     device = next(model.parameters()).device
     out = np.empty((len(seqs), dimensions or model.config.hidden_size), dtype=np.float32)
-    with torch.inference_mode():
+    with torch.inference_mode(), prepack.pinned("panels"):
         for b in token_budget_batches(seqs, max_batch_tokens, max_batch_size):
             x, packed = model._encode(b.ids.to(device), b.mask.to(device), None)
             emb = packed.mean(x) if pooling == "mean" else packed.first_tokens(x)

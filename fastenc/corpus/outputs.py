@@ -156,7 +156,16 @@ def compute(model, seqs, layout: Layout, top_k: int | None, max_batch_tokens: in
     """The rows of `seqs` (token-id sequences, special tokens included, already cut to the job's max_length) for
     a non-dense layout, in the order of `seqs`: each token-budget batch (fastenc.corpus.batching) goes through
     model.encode(output=...) or model.encode_m3 as one batch. Returns the columns: 'embedding' float32 (n, width);
-    'indices' / 'values' / 'vectors' as (offsets int64 (n+1,), flat values)."""
+    'indices' / 'values' / 'vectors' as (offsets int64 (n+1,), flat values). The GEMMs run on fastenc's panel GEMM
+    at every row count (prepack.pinned, as fastenc.corpus.job.embed_ids)."""
+    from fastenc.layers import prepack
+
+    with prepack.pinned("panels"):
+        return _compute(model, seqs, layout, top_k, max_batch_tokens, max_batch_size, on_batch)
+
+
+def _compute(model, seqs, layout: Layout, top_k: int | None, max_batch_tokens: int, max_batch_size: int,
+             on_batch=None) -> dict[str, Any]:
     from fastenc.corpus.batching import token_budget_batches
 
     n = len(seqs)

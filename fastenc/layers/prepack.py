@@ -29,6 +29,7 @@ step), a move or a replaced parameter rebuilds it at the next call. It costs a s
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 
@@ -124,6 +125,24 @@ def gemm_mode() -> str:
             raise ValueError(f"FASTENC_GEMM must be 'auto', 'panels' or 'torch', got {mode!r}")
         _MODE.append(mode)
     return _MODE[0]
+
+
+@contextlib.contextmanager
+def pinned(mode: str):
+    """Inside the block every inference GEMM from CHOICE_MIN_ROWS rows takes `mode` ("panels" or "torch") instead of
+    the measured choice, when FASTENC_GEMM is "auto" (an explicit FASTENC_GEMM is kept). Process-wide. With the
+    panel GEMM each row of the output depends on that row of x alone, so results do not depend on how the rows were
+    batched or on a timing (the corpus job's windows run under pinned("panels"))."""
+    if mode not in ("panels", "torch"):
+        raise ValueError(f"pinned: mode must be 'panels' or 'torch', got {mode!r}")
+    if gemm_mode() != "auto":
+        yield
+        return
+    _MODE[0] = mode
+    try:
+        yield
+    finally:
+        _MODE[0] = "auto"
 
 
 def panels_chosen(x: torch.Tensor, w: torch.Tensor) -> bool:

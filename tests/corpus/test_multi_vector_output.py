@@ -15,6 +15,17 @@ from fastenc import cli
 from fastenc.corpus import read_output, writers
 from fastenc.corpus.manifest import MANIFEST, ResumeError
 
+
+@pytest.fixture(autouse=True)
+def _encode_on_panels():
+    """The references (encode, encode_m3) on the panel GEMM at every row count, as the corpus job runs
+    (prepack.pinned): both compute the same bits."""
+    from fastenc.layers import prepack
+
+    with prepack.pinned("panels"):
+        yield
+
+
 pytest.importorskip("pyarrow")
 DIM = 23  # the ColBERT projection's width (odd)
 
