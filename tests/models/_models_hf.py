@@ -61,3 +61,25 @@ def ran_fastenc(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         out = fn()
     return out, any(e.key in FASTENC_ENCODER_OPS for e in prof.key_averages())
+
+
+def image_classifier_step(hf, cls_name: str, x, num_labels: int, seed: int, close):
+    """fastenc.from_hf(hf) in train mode (asserted to be `cls_name`) and transformers' image classifier `hf` on
+    images x with labels (class ids when num_labels > 1, regression targets at 1; torch.Generator seed), their
+    outputs' types, logits and losses held to each other by close(out, ref); then both losses backward.
+    Returns (fe, ref, out)."""
+    import fastenc
+
+    hf.train()
+    fe = fastenc.from_hf(hf).train()
+    assert type(fe).__name__ == cls_name
+    g = torch.Generator().manual_seed(seed)
+    n = x.shape[0]
+    labels = torch.randint(0, 3, (n,), generator=g) if num_labels > 1 else torch.randn(n, generator=g)
+    ref, out = hf(x, labels=labels), fe(x, labels=labels)
+    assert type(out) is type(ref)
+    close(out.logits, ref.logits)
+    close(out.loss, ref.loss)
+    ref.loss.backward()
+    out.loss.backward()
+    return fe, ref, out
