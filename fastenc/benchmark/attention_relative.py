@@ -172,7 +172,8 @@ def run(out: Path, sizes: Sizes = Sizes(), parts=PARTS, quick: bool = False, rep
         m = memory_subprocess(sizes, threads) if fresh_process else memory(sizes)
         print(f"memory, {m['tokens']} tokens: fastenc {m['fastenc_mib']:.1f} MiB | transformers "
               f"{m['transformers_mib']:.1f} MiB (one score matrix {m['score_matrix_mib']:.0f} MiB; fastenc's c2p + "
-              f"p2c {m['c2p_p2c_mib']:.0f} MiB, qkv {m['qkv_mib']:.0f} MiB)", flush=True)
+              f"p2c {m['c2p_p2c_mib']:.0f} MiB for {m['heads_per_call']} heads at a time, qkv {m['qkv_mib']:.0f} MiB)",
+              flush=True)
         result["memory"] = m
     verdict = targets(result)
     stem = f"attention-relative-fp32-t{threads}"

@@ -295,13 +295,16 @@ def deberta_memory_case(sizes: Sizes) -> MemoryCase:
 
 
 def memory_parts(case: MemoryCase) -> dict:
-    """Sizes (MiB) that explain the two peaks: fastenc's qkv, c2p + p2c and output; one (heads, seq, seq) fp32
-    score tensor of transformers; the mask and relative positions its encoder builds beforehand (not counted)."""
-    from fastenc.models.deberta_v2_encoder import reach
+    """Sizes (MiB) that explain the two peaks: fastenc's qkv, the c2p + p2c of one head group (the heads one
+    attention call takes in inference) and output; one (heads, seq, seq) fp32 score tensor of transformers; the
+    mask and relative positions its encoder builds beforehand (not counted)."""
+    from fastenc.models.deberta_v2_encoder import head_group, reach
 
     s, n, h = case.sizes, case.sizes.memory_tokens, case.sizes.hidden
     span = reach(case.pair.cfg, n)
+    g = head_group(s.heads, h // s.heads, 2 * span, 2)
     mib = 4 / 2**20
-    return {"qkv_mib": n * 3 * h * mib, "c2p_p2c_mib": 2 * n * s.heads * 2 * span * mib, "output_mib": n * h * mib,
+    return {"qkv_mib": n * 3 * h * mib, "heads_per_call": g, "c2p_p2c_mib": 2 * n * g * 2 * span * mib,
+            "c2p_p2c_all_heads_mib": 2 * n * s.heads * 2 * span * mib, "output_mib": n * h * mib,
             "score_matrix_mib": s.heads * n * n * mib, "rel_span": span,
             "transformers_prebuilt_mask_and_relative_pos_mib": case.hf_prebuilt_mib}

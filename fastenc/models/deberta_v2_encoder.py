@@ -16,7 +16,8 @@ Attention, per layer (transformers' DisentangledSelfAttention, on packed tokens;
 c2p / p2c are (tokens, heads, slots) and go to fastenc.ops.attention_qkv with the token positions (each token's
 column in the padded batch, as transformers measures distances), which never forms a (seq, seq) tensor. Only the
 slots the batch's widest row can reach are projected (slots = 2 * rel_span, rel_span <= the embeddings' span; see
-`reach`). Extra memory per layer: c2p and p2c, tokens x heads x slots each.
+`reach`). Extra memory per layer: c2p and p2c, tokens x heads x slots each when autograd records the call; in
+inference the heads run in groups whose products fit in qkv's size (`head_group`), made and freed group by group.
 
 Padded positions: transformers computes a state for each (its query sees every column with equal weight, the row's
 mask being all False there); all padded positions of a row share it. The encoder carries one such state per row
@@ -162,7 +163,9 @@ def _products(a: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return torch.einsum("thd,shd->ths", a, p).contiguous()
     t, heads, _ = a.shape
     shape = (t, heads, p.shape[0])
-    out = extension.buffer_empty(shape, a) if extension.loaded() else a.new_empty(shape)
+    out = extension.buffer_empty(shape, a) if extension.loaded() else None
+    if out is None:  # (no extension, or its buffer cache turned off)
+        out = a.new_empty(shape)
     for h in range(heads):
         torch.mm(a[:, h], p[:, h].t(), out=out[:, h])
     return out
@@ -230,35 +233,60 @@ class DisentangledAttention(SelfAttention):
             return F.linear(rel, w.weight[part * h:(part + 1) * h], b)
         return w(rel)[:, part * h:(part + 1) * h]  # (an adapter or int8 weights: the module's own forward)
 
-    def rel_terms(self, q: torch.Tensor, k: torch.Tensor, rel: torch.Tensor):
-        """(c2p, p2c), each (tokens, heads, slots) or None: q, k (tokens, heads, head_dim); rel (slots, hidden)."""
+    def rel_keys(self, rel: torch.Tensor):
+        """(pos_key, pos_query), each (slots, heads, head_dim) pre-multiplied by scale, or None for an absent term:
+        the projections of rel (slots, hidden) the c2p / p2c products read."""
         if self.training and self.rel_dropout > 0:
             rel = F.dropout(rel, self.rel_dropout, training=True)
         s, heads, d = rel.shape[0], self.heads, self.head_dim
-        c2p = p2c = None
+        pk = pq = None
         if self.c2p:
-            pk = self._shared(rel, 1) if self.share else self.pos_key(rel)
-            c2p = _products(q, (pk * self.scale).view(s, heads, d))
+            pk = ((self._shared(rel, 1) if self.share else self.pos_key(rel)) * self.scale).view(s, heads, d)
         if self.p2c:
-            pq = self._shared(rel, 0) if self.share else self.pos_query(rel)
-            p2c = _products(k, (pq * self.scale).view(s, heads, d))
-        return c2p, p2c
+            pq = ((self._shared(rel, 0) if self.share else self.pos_query(rel)) * self.scale).view(s, heads, d)
+        return pk, pq
+
+    def rel_terms(self, q: torch.Tensor, k: torch.Tensor, rel: torch.Tensor):
+        """(c2p, p2c), each (tokens, heads, slots) or None: q, k (tokens, heads, head_dim); rel (slots, hidden)."""
+        pk, pq = self.rel_keys(rel)
+        return (None if pk is None else _products(q, pk)), (None if pq is None else _products(k, pq))
 
     def attend_rel(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, positions: torch.Tensor | None,
                    rel: torch.Tensor | None, rel_span: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output before Wo (tokens, hidden), v (tokens, hidden)). positions (tokens,) int64: each
-        token's padded column; rel (2 * rel_span, hidden): the relative embeddings' middle rows, or None."""
+        token's padded column; rel (2 * rel_span, hidden): the relative embeddings' middle rows, or None.
+        With grad mode off the heads run in groups of head_group(...) (one attention call and one pair of c2p / p2c
+        products per group), so the products held at once are at most qkv's size, whatever the slot count."""
         t = x.shape[0]
         qkv = self.Wqkv(x)
         p = self.dropout if self.training else 0.0
         kw: dict = {"dropout_p": p} if p > 0 else {}
         if rel is not None and (self.c2p or self.p2c):
-            q, k, _ = qkv.view(t, 3, self.heads, self.head_dim).unbind(1)
-            c2p, p2c = self.rel_terms(q, k, rel)
-            kw.update(c2p=c2p, p2c=p2c, rel_span=rel_span, position_buckets=self.buckets,
-                      max_relative_positions=self.max_relative, positions=positions)
+            kw.update(rel_span=rel_span, position_buckets=self.buckets, max_relative_positions=self.max_relative,
+                      positions=positions)
+            heads, d = self.heads, self.head_dim
+            q, k, v = qkv.view(t, 3, heads, d).unbind(1)
+            pk, pq = self.rel_keys(rel)
+            g = heads if torch.is_grad_enabled() else head_group(heads, d, rel.shape[0], self.c2p + self.p2c)
+            if g < heads:
+                o = qkv.new_empty((t, heads, d))
+                for h0 in range(0, heads, g):
+                    hs = slice(h0, min(h0 + g, heads))
+                    c2p = None if pk is None else _products(q[:, hs], pk[:, hs])
+                    p2c = None if pq is None else _products(k[:, hs], pq[:, hs])
+                    o[:, hs] = ops.attention(q[:, hs], k[:, hs], v[:, hs], cu_seqlens=cu_seqlens,
+                                             max_seqlen=max_seqlen, scale=self.scale, c2p=c2p, p2c=p2c, **kw)
+                    del c2p, p2c  # (freed before the next group's products are made)
+                return o.view(t, self.hidden), qkv.view(t, 3, self.hidden)[:, 2]
+            kw.update(c2p=None if pk is None else _products(q, pk), p2c=None if pq is None else _products(k, pq))
         o = ops.attention_qkv(qkv, self.heads, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, scale=self.scale, **kw)
         return o.reshape(t, self.hidden), qkv.view(t, 3, self.hidden)[:, 2]
+
+
+def head_group(heads: int, head_dim: int, slots: int, terms: int) -> int:
+    """Heads per attention call in inference: the most whose c2p / p2c products (terms x slots values per token and
+    head) fit in qkv's size (3 x heads x head_dim per token), at least one."""
+    return max(1, min(heads, (3 * heads * head_dim) // max(1, terms * slots)))
 
 
 class DebertaV2Layer(bert.BertLayer):

@@ -100,6 +100,41 @@ def test_trimmed_slots_match_the_full_span(monkeypatch):
     _close(short, ref, mask)
 
 
+def test_head_group_keeps_the_products_within_qkv():
+    from fastenc.models.deberta_v2_encoder import head_group
+
+    for heads, d, slots, terms in [(12, 64, 512, 2), (12, 64, 256, 2), (12, 64, 256, 1), (4, 12, 16, 2), (3, 8, 999, 2)]:
+        g = head_group(heads, d, slots, terms)
+        assert 1 <= g <= heads
+        assert g == 1 or g * terms * slots <= 3 * heads * d  # the group's products fit in qkv's size
+        assert g == heads or (g + 1) * terms * slots > 3 * heads * d  # and no more heads would
+    assert head_group(12, 64, 512, 2) == 2  # DeBERTa-v3-base beyond 256 tokens
+
+
+def test_inference_in_head_groups_equals_all_heads_at_once(monkeypatch):
+    # no grad: heads run in groups (2, 2, 1 here: the last one short), each group's c2p / p2c made and freed in
+    # turn; the output is the all-heads call's, bit for bit, and transformers'
+    from fastenc import ops
+    from fastenc.models import deberta_v2_encoder as enc
+
+    hf = _hf.deberta_v2("base", hidden=60, heads=5)
+    fe = fastenc.from_hf(hf)
+    ids, mask, types = _batch(seed=9)
+    calls = []
+    attention = ops.attention
+    monkeypatch.setattr(ops, "attention", lambda q, *a, **k: calls.append(q.shape[1]) or attention(q, *a, **k))
+    with torch.no_grad():
+        monkeypatch.setattr(enc, "head_group", lambda heads, *a: 2)
+        grouped = fe(ids, mask, types)
+        assert calls == [2, 2, 1] * hf.config.num_hidden_layers
+        monkeypatch.setattr(enc, "head_group", lambda heads, *a: heads)
+        whole = fe(ids, mask, types)
+        ref = hf(ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    assert len(calls) == 3 * hf.config.num_hidden_layers  # (all heads at once: attention_qkv, not ops.attention)
+    assert torch.equal(grouped, whole)
+    _close(grouped, ref, mask)
+
+
 def test_bf16_by_the_tolerance_rule():
     dtype = torch.bfloat16
     hf = _hf.deberta_v2("base")
