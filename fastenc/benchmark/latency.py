@@ -116,6 +116,39 @@ def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = N
     return {f"gemm_alone_{name}_ms": ms for name, ms in total.items()}
 
 
+def gemm_replay(shapes: dict[str, float], cache: dict) -> Callable[[], None]:
+    """A call that runs the GEMMs `shapes` lists ('MxKxN' -> calls per forward), each shape `count` times on the
+    path gemm_alone found fastest for it (`cache` as gemm_alone filled it: every shape must be there), bias
+    included, on random fp32 data made here, a weight of its own per call (as each layer has: one weight reused
+    would stay in cache): the forward's GEMMs and nothing else, to time beside the forward."""
+    from fastenc import extension
+    from fastenc.layers import prepack
+
+    steps = []
+    for key, count in shapes.items():
+        m, k, n = (int(v) for v in key.split("x"))
+        times = cache[key]
+        path = min(times, key=times.get)
+        x, b, o = torch.randn(m, k), torch.randn(n), torch.empty(m, n)
+        for _ in range(max(1, round(count))):
+            w = torch.randn(n, k)
+            if path == "packed":
+                pw = prepack.PackCache().get(w)[0]
+                steps.append(lambda x=x, pw=pw, b=b: prepack.linear(x, pw, b))
+            elif path == "panels" and extension.loaded():
+                pp = prepack.PackCache(panels=True).get(w)[0]
+                steps.append(lambda x=x, pp=pp, n=n, b=b, o=o: prepack.panel_gemm(x, pp, n, b, o))
+            else:
+                steps.append(lambda x=x, wt=w.t(), b=b, o=o: torch.addmm(b, x, wt, out=o))
+
+    def run() -> None:
+        with torch.no_grad():
+            for fn in steps:
+                fn()
+
+    return run
+
+
 def gemm_floor(b: dict) -> float:
     """The GEMM floor of a profiled call from its breakdown `b` (breakdown + gemm_alone): the least time its GEMMs
     were seen to take, timed alone on any path or inside the call itself. Both are measurements of the same GEMMs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastenc.benchmark import latency, timing
 
 PROFILED = ("fastenc", "hf-sdpa")
+GEMMS_ALONE = "fastenc-gemms-alone"  # the pseudo-provider timed in the throughput rounds (gemms_alone)
 
 
 def batch1(bind, lats: dict, quick: bool) -> dict:
@@ -42,3 +43,12 @@ def throughput(bind, per: dict, quick: bool) -> dict:
             b["gemm_floor_ms"] = latency.gemm_floor(b)
             out.setdefault(w, {})[name] = b
     return out
+
+
+def gemms_alone(call, quick: bool, cache: dict):
+    """A call running only the GEMMs one profiled run of `call` (fastenc's forward) makes, each shape on its fastest
+    path alone (latency.gemm_replay): timed in the same interleaved rounds as the providers, baseline / it per round
+    is the highest ratio a forward made of those GEMMs, at this machine's rate at that moment, could reach."""
+    b = latency.breakdown(call, calls=1)
+    latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache)
+    return latency.gemm_replay(b["gemm_shapes"], cache)

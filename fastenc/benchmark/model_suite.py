@@ -249,6 +249,11 @@ def model_table(results: list[dict]) -> str:
             parts = [f"{r[f'ratio_vs_{b}']:.2f}x {b} (paired {r[f'paired_ratio_vs_{b}']:.2f}x{_spread(r, b)})"
                      for b in ("hf-sdpa", "onnxruntime", "hf-eager", "hf-compile")
                      if f"ratio_vs_{b}" in r and r[f"ratio_vs_{b}"] is not None]
+            ceil = [f"{r[f'paired_ceiling_vs_{b}']:.2f}x {b}" for b in ("hf-sdpa", "hf-eager")
+                    if f"paired_ceiling_vs_{b}" in r]
+            if ceil:
+                parts.append(f"time {r['paired_time_over_gemms_alone']:.2f}x its GEMMs' alone (same rounds: a "
+                             "ceiling of " + ", ".join(ceil) + ")")
             if parts:
                 lines.append(f"  {r['model']} {r['workload']}: fastenc = " + ", ".join(parts))
     if lines:

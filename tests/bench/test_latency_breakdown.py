@@ -98,6 +98,24 @@ def test_throughput_breakdown_floor_and_ceiling():
     assert row["fastenc"]["gemm_floor_ms"] == b["gemm_floor_ms"]
     assert math.isclose(row["fastenc"]["ceiling_ratio_vs_hf-sdpa"], row["hf-sdpa"]["median_ms"] / b["gemm_floor_ms"])
     assert "ceiling_ratio_vs_hf-sdpa" not in row["hf-sdpa"]
+    # fastenc's GEMMs alone, timed in the same rounds: a paired ceiling, and no row of their own
+    assert set(row) == {"fastenc", "hf-sdpa"}
+    f = row["fastenc"]
+    assert f["gemms_alone_ms"] > 0 and f["paired_time_over_gemms_alone"] > 0
+    lo, hi = f["paired_ceiling_vs_hf-sdpa_q20_q80"]
+    assert lo <= f["paired_ceiling_vs_hf-sdpa"] <= hi
+    assert "paired_ceiling_vs_hf-sdpa" not in row["hf-sdpa"]
+
+
+def test_gemm_replay_runs_the_forward_gemms_and_nothing_else():
+    shapes = {"9x16x24": 3.0, "9x24x16": 1.0}
+    cache: dict = {}
+    latency.gemm_alone(shapes, rounds=1, cache=cache)
+    cache["9x24x16"] = {"plain": 1.0, "packed": 2.0, "panels": 3.0}  # plain is fastest for this one
+    replay = latency.gemm_replay(shapes, cache)
+    b = latency.breakdown(replay, calls=2)
+    assert b["gemm_shapes"] == shapes
+    assert b["fastenc_ops_ms"] == 0 and math.isclose(b["gemm_gflop"], 2 * 9 * 16 * 24 * 4 / 1e9)
 
 
 def test_gemm_floor_is_the_least_time_the_gemms_were_seen_to_take():
