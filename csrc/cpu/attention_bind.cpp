@@ -185,7 +185,9 @@ std::vector<Tensor> attention_bwd(const Tensor& grad, const Tensor& q, const Ten
   const RelArgs ra = check_relative(bias, positions, c2p, p2c, slot, total, heads, "attention_bwd");
   const auto f32opts = q.options().dtype(at::kFloat);
   auto grad_of = [&](const OptTensor& t) { return t ? at::zeros(t->sizes(), f32opts) : at::empty({0}, f32opts); };
-  Tensor dbias = grad_of(bias), dc2p = grad_of(c2p), dp2c = grad_of(p2c);
+  // (dc2p / dp2c: every element is written by the kernel, each item zeroing its own rows first)
+  auto written = [&](const OptTensor& t) { return at::empty(t ? t->sizes() : at::IntArrayRef{0}, f32opts); };
+  Tensor dbias = grad_of(bias), dc2p = written(c2p), dp2c = written(p2c);
   fastenc_cpu::RelativeGrads rg;
   rg.dbias = bias ? dbias.data_ptr<float>() : nullptr;
   rg.dc2p = c2p ? dc2p.data_ptr<float>() : nullptr;

@@ -146,8 +146,8 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
   for (int64_t b : seqs) poff[b] = nparts, nparts += slice_len(b);
   std::vector<float> part(need_db ? H * nparts : 0);
   if (dbias != nullptr) std::fill(dbias, dbias + H * bias_len, 0.f);
-  if (dc2p != nullptr) std::fill(dc2p, dc2p + total * H * rt.S, 0.f);
-  if (dp2c != nullptr) std::fill(dp2c, dp2c + total * H * rt.S, 0.f);
+  // dc2p / dp2c: each item zeroes its own rows (its sequence's tokens at its head) before accumulating into them;
+  // every token belongs to one sequence of non-zero length, so all of both are written.
   std::stable_sort(seqs.begin(), seqs.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
   const int64_t n_items = (int64_t)seqs.size() * H;
   if (n_items == 0) return;
@@ -170,6 +170,9 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
       const int64_t lanes = (len + PW - 1) / PW * PW;
       float* db = need_db ? part.data() + h * nparts + poff[b] : nullptr;  // this item's slice (see slice_len)
       if (db != nullptr) std::fill(db, db + slice_len(b), 0.f);
+      for (float* g : {dc2p, dp2c})
+        if (g != nullptr)
+          for (int64_t i = 0; i < len; ++i) std::fill_n(g + ((start + i) * H + h) * rt.S, rt.S, 0.f);
       const int64_t db_off = by_pos ? reach - 1 : len - 1;  // + pos_i - pos_j: the slice's index
       const float* b2 = reach > 0 && !gathered ? rt.bias2.data() + h * bias_len + reach - 1 : nullptr;  // i - j
       int32_t* qpos = reinterpret_cast<int32_t*>(w.qpos);  // the item's query positions (gathered terms)

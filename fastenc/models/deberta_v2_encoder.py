@@ -152,23 +152,79 @@ class DebertaV2Config(_Common):
         return on and "c2p" in self.pos_att_type, on and "p2c" in self.pos_att_type
 
 
+def _per_head(a: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[t, h, s] = a[t, h] . p[s, h], one matmul per head reading a's and p's views (unit last stride) and
+    writing out's (tokens, slots) slice in place."""
+    for h in range(a.shape[1]):
+        torch.mm(a[:, h], p[:, h].t(), out=out[:, h])
+    return out
+
+
+def _in_place(a: torch.Tensor, p: torch.Tensor) -> bool:
+    """Whether the per-head matmuls serve a x p: cpu tensors of one dtype, a with unit last stride, not traced."""
+    return (a.device.type == "cpu" and p.device.type == "cpu" and not torch.compiler.is_compiling()
+            and a.dtype == p.dtype and a.stride(2) == 1)
+
+
 def _products(a: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """(tokens, heads, slots) contiguous: out[t, h, s] = a[t, h] . p[s, h]; a (tokens, heads, d) with unit last
     stride (a view into the fused qkv), p (slots, heads, d). On the cpu with grad mode off: one matmul per head
     reading a's view and writing its (tokens, slots) slice of out in place, out from fastenc's buffer cache when the
     extension is loaded (the next layer's products reuse these pages); else torch.einsum, whose batched matmul
-    copies a per head and its result back (twice the time at DeBERTa-v3-base sizes)."""
-    if (a.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling() or a.dtype != p.dtype
-            or a.stride(2) != 1):
+    copies a per head and its result back (twice the time at DeBERTa-v3-base sizes). With grad mode on see
+    _QKProducts (the products of a layer's q and k together)."""
+    if torch.is_grad_enabled() or not _in_place(a, p):
         return torch.einsum("thd,shd->ths", a, p).contiguous()
     t, heads, _ = a.shape
     shape = (t, heads, p.shape[0])
     out = extension.buffer_empty(shape, a) if extension.loaded() else None
     if out is None:  # (no extension, or its buffer cache turned off)
         out = a.new_empty(shape)
-    for h in range(heads):
-        torch.mm(a[:, h], p[:, h].t(), out=out[:, h])
-    return out
+    return _per_head(a, p, out)
+
+
+class _QKProducts(torch.autograd.Function):
+    """(c2p, p2c) = (q x pk, k x pq) per head, as _products, for a layer whose qkv autograd records: q, k the first
+    two column blocks of qkv (tokens, 3 * hidden); pk, pq (slots, heads, d) or None (that term absent, its output
+    None). Forward and backward are per-head matmuls on views, so neither q, k, the products nor their gradients
+    are copied (einsum's batched matmul copies each per head); the backward writes d qkv's q and k blocks in place
+    (the v block zero: autograd adds it to the attention's own d qkv), and d pk, d pq."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, pk, pq, heads: int):
+        t = qkv.shape[0]
+        q, k, _ = qkv.view(t, 3, heads, -1).unbind(1)
+        ctx.heads = heads
+        ctx.save_for_backward(qkv, pk, pq)
+        c2p = None if pk is None else _per_head(q, pk, q.new_empty((t, heads, pk.shape[0])))
+        p2c = None if pq is None else _per_head(k, pq, k.new_empty((t, heads, pq.shape[0])))
+        return c2p, p2c
+
+    @staticmethod
+    def backward(ctx, g_c2p, g_p2c):
+        qkv, pk, pq = ctx.saved_tensors
+        heads, t = ctx.heads, qkv.shape[0]
+        d_qkv = d_pk = d_pq = None
+        if ctx.needs_input_grad[0]:
+            d_qkv = qkv.new_empty(qkv.shape)
+            blocks = d_qkv.view(t, 3, heads, -1).unbind(1)
+            blocks[2].zero_()
+        q, k, _ = qkv.view(t, 3, heads, -1).unbind(1)
+        for part, (a, p, g) in enumerate(((q, pk, g_c2p), (k, pq, g_p2c))):
+            if p is None or g is None:
+                if d_qkv is not None:
+                    blocks[part].zero_()
+                continue
+            g = g if g.stride(2) == 1 else g.contiguous()
+            if d_qkv is not None:
+                for h in range(heads):
+                    torch.mm(g[:, h], p[:, h], out=blocks[part][:, h])
+            if ctx.needs_input_grad[1 + part]:
+                dp = p.new_empty(p.shape)
+                for h in range(heads):
+                    torch.mm(g[:, h].t(), a[:, h], out=dp[:, h])
+                d_pk, d_pq = (dp, d_pq) if part == 0 else (d_pk, dp)
+        return d_qkv, d_pk, d_pq, None
 
 
 def reach(cfg: DebertaV2Config, width: int) -> int:
@@ -278,7 +334,12 @@ class DisentangledAttention(SelfAttention):
                                              max_seqlen=max_seqlen, scale=self.scale, c2p=c2p, p2c=p2c, **kw)
                     del c2p, p2c  # (freed before the next group's products are made)
                 return o.view(t, self.hidden), qkv.view(t, 3, self.hidden)[:, 2]
-            kw.update(c2p=None if pk is None else _products(q, pk), p2c=None if pq is None else _products(k, pq))
+            if torch.is_grad_enabled() and all(_in_place(a, b) for a, b in ((q, pk), (k, pq)) if b is not None):
+                c2p, p2c = _QKProducts.apply(qkv, pk, pq, heads)
+            else:
+                c2p = None if pk is None else _products(q, pk)
+                p2c = None if pq is None else _products(k, pq)
+            kw.update(c2p=c2p, p2c=p2c)
         o = ops.attention_qkv(qkv, self.heads, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, scale=self.scale, **kw)
         return o.reshape(t, self.hidden), qkv.view(t, 3, self.hidden)[:, 2]
 

@@ -135,6 +135,36 @@ def test_inference_in_head_groups_equals_all_heads_at_once(monkeypatch):
     _close(grouped, ref, mask)
 
 
+@pytest.mark.parametrize("terms", ["both", "c2p", "p2c"])
+def test_qk_products_in_place_match_einsum_and_gradcheck(terms):
+    # training's per-head products (views of qkv in, in-place gradient blocks out) against einsum, and gradcheck
+    from fastenc.models.deberta_v2_encoder import _QKProducts
+
+    g = torch.Generator().manual_seed(4)
+    t, heads, d, slots = 13, 3, 5, 7
+    qkv = torch.randn(t, 3 * heads * d, generator=g, dtype=torch.float64, requires_grad=True)
+    pk = torch.randn(slots, heads, d, generator=g, dtype=torch.float64, requires_grad=True) if terms != "p2c" else None
+    pq = torch.randn(slots, heads, d, generator=g, dtype=torch.float64, requires_grad=True) if terms != "c2p" else None
+    c2p, p2c = _QKProducts.apply(qkv, pk, pq, heads)
+    q, k, _ = qkv.view(t, 3, heads, d).unbind(1)
+    want = [None if pk is None else torch.einsum("thd,shd->ths", q, pk),
+            None if pq is None else torch.einsum("thd,shd->ths", k, pq)]
+    for got, ref in zip((c2p, p2c), want):
+        assert (got is None) == (ref is None)
+        if ref is not None:
+            torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    leaves = [x for x in (qkv, pk, pq) if x is not None]
+    outs = [x for x in (c2p, p2c) if x is not None]
+    grads = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in outs]
+    ours = torch.autograd.grad(outs, leaves, grads)
+    refs = torch.autograd.grad([x for x in want if x is not None], leaves, grads)
+    for a, b in zip(ours, refs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda *xs: [y for y in _QKProducts.apply(
+        xs[0], xs[1] if pk is not None else None, xs[-1] if pq is not None else None, heads) if y is not None],
+        tuple(leaves))
+
+
 def test_bf16_by_the_tolerance_rule():
     dtype = torch.bfloat16
     hf = _hf.deberta_v2("base")
