@@ -9,7 +9,8 @@
 // vector accumulators, y[i][j] = sum_k x[i][k] * W[j][k], k ascending. The tile is reduced in registers: the max
 // over its rows joins the sequence's running max (NC vectors per panel); after the sequence's last row the bias is
 // added to the max (max(a + b) = max(a) + b) and log1p(relu(.)) (monotone, so after the max) written out.
-// Threads split the vocabulary blocks (one contiguous, balanced range each); W is read once per call.
+// Threads split the vocabulary blocks (one contiguous, balanced range each); W is read once per call. A W packed
+// beforehand (sparse_max_pack: the same panels, all of them) is read in place instead: no packing in the call.
 // Work: 2 * tokens * V * H flops (the projection); the epilogue is O(batch * V).
 #include <algorithm>
 #include <cmath>
@@ -130,8 +131,18 @@ void pack_block(const float* w, int64_t V, int64_t H, int64_t p0, int64_t np, fl
 
 }  // namespace
 
+int64_t sparse_max_panel_width() { return NW; }
+
+void sparse_max_pack(const float* w, int64_t V, int64_t H, float* out, int num_threads) {
+  const int64_t panels = (V + NW - 1) / NW;
+  const int nt = worth_parallel(V * H, kParallelMinGemmFmas) ? (num_threads > 0 ? num_threads : omp_get_max_threads())
+                                                             : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (int64_t p = 0; p < panels; ++p) pack_block(w, V, H, p, 1, out + p * H * NW);
+}
+
 void sparse_max_fwd(const float* x, int64_t ldx, int64_t H, const int32_t* cu, int64_t batch, const float* w,
-                    int64_t V, const float* bias, float* out, int num_threads) {
+                    int64_t V, const float* bias, float* out, int num_threads, const float* packed) {
   if (batch <= 0 || V <= 0) return;
   const int64_t panels = (V + NW - 1) / NW;
   const int64_t pb = std::clamp<int64_t>(kBlockBytes / (int64_t(sizeof(float)) * NW * std::max<int64_t>(H, 1)), 1,
@@ -145,12 +156,13 @@ void sparse_max_fwd(const float* x, int64_t ldx, int64_t H, const int32_t* cu, i
   {
     const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t b0 = blocks * t / team, b1 = blocks * (t + 1) / team;
-    std::vector<float> buf(b1 > b0 ? size_t(pb * H * NW) : 0);
+    std::vector<float> buf(b1 > b0 && packed == nullptr ? size_t(pb * H * NW) : 0);
     std::vector<vf> m(size_t(pb * NC));
     float row[NW];
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t p0 = blk * pb, np = std::min(pb, panels - p0);
-      pack_block(w, V, H, p0, np, buf.data());
+      const float* wb = packed != nullptr ? packed + p0 * H * NW : buf.data();
+      if (packed == nullptr) pack_block(w, V, H, p0, np, buf.data());
       for (int64_t s = 0; s < batch; ++s) {
         const int64_t t0 = cu[s], t1 = cu[s + 1];
         vf ninf;
@@ -159,7 +171,7 @@ void sparse_max_fwd(const float* x, int64_t ldx, int64_t H, const int32_t* cu, i
         for (int64_t i0 = t0; i0 < t1; i0 += MR) {
           const int64_t rows = std::min<int64_t>(MR, t1 - i0);
           for (int64_t q = 0; q < np; ++q)
-            tile_rows<MR>(rows, x + i0 * ldx, ldx, buf.data() + q * H * NW, H, m.data() + q * NC);
+            tile_rows<MR>(rows, x + i0 * ldx, ldx, wb + q * H * NW, H, m.data() + q * NC);
         }
         // Epilogue: + bias after the max, log1p(relu(.)); an empty sequence keeps -inf, which gives 0.
         for (int64_t q = 0; q < np; ++q) {

@@ -7,7 +7,8 @@ Every backend implements one contract:
   x: (tokens, H); cu_seqlens: int32 (batch+1,) validated (from 0, non-decreasing, to tokens); weight: (V, H) and
   bias (V,) or None in x's dtype. Returns a new (batch, V) fp32 tensor.
 reference: plain PyTorch (forms the (tokens, V) logits; differentiable). cpu: csrc/cpu/sparse_max.cpp, the packed-panel
-GEMM's register tile with a running-max epilogue (fp32 math). triton: fastenc/kernels/sparse_max.py, tl.dot tiles with
+GEMM's register tile with a running-max epilogue (fp32 math), on the weight packed into its panels once and kept
+while the weight lives (an fp32 copy of it; repacked when the weight changes), so a call packs nothing. triton: fastenc/kernels/sparse_max.py, tl.dot tiles with
 a running max. The fast backends never store the (tokens, V) logits, and have no backward.
 """
 from __future__ import annotations
@@ -48,7 +49,39 @@ def _no_backward(ctx, grad):
 _sparse_max_op.register_autograd(_no_backward, lambda ctx, inputs, output: None)
 
 _backends.implement(OP, "reference", _reference, limits="forms the (tokens, vocab) logits; differentiable")
-_backends.implement(OP, "cpu", "sparse_max", limits="fp32 math (fp16/bf16 through fp32 copies); forward only")
+_PANELS: dict[int, tuple] = {}  # id(weight) -> (weakref to it, its version, its panels); dropped with the weight
+
+
+def _panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight packed for the cpu kernel (the extension's sparse_max_pack), kept between calls while the weight lives
+    and is unchanged (its version counter, optimizer steps, storage, dtype and shape as when packed)."""
+    import weakref
+
+    from fastenc import extension
+    from fastenc.layers.steps import optimizer_steps
+
+    key = id(weight)
+    version = (weight._version, optimizer_steps(), weight.data_ptr(), weight.dtype, tuple(weight.shape))
+    hit = _PANELS.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == version:
+        return hit[2]
+    panels = extension.load().sparse_max_pack(weight.detach())
+    if hit is None:
+        weakref.finalize(weight, _PANELS.pop, key, None)
+    _PANELS[key] = (weakref.ref(weight), version, panels)
+    return panels
+
+
+def _with_panels(fn):
+    """The cpu contract fn(x, cu_seqlens, weight, bias) over the kernel reading weight's cached panels."""
+    def run(x, cu_seqlens, weight, bias):
+        return fn(x, cu_seqlens, weight, bias, _panels(weight))
+    return run
+
+
+_backends.implement(OP, "cpu", "sparse_max", wrap=_with_panels,
+                    limits="fp32 math (fp16/bf16 through fp32 copies); forward only; keeps the weight packed (an "
+                           "fp32 copy) while it lives")
 _backends.implement(OP, "triton", "fastenc.kernels.sparse_max", "sparse_max_fwd",
                     limits="fp32 accumulation; forward only")
 

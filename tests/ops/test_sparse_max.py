@@ -136,5 +136,46 @@ def test_cpu_kernel_checks_cu_seqlens_itself():
     testing.assert_close(ext.sparse_max(x, cu, w, b), sparse_max_ref(x[2:6], cu - 2, w, b), dtype=torch.float32)
 
 
+def _ext_or_skip():
+    if "cpu" not in testing.backends_for(OP):
+        pytest.skip("the cpu extension cannot load here")
+    from fastenc import extension
+
+    return extension.load()
+
+
+def test_cpu_kernel_on_prepacked_panels_equals_packing_in_the_call():
+    ext = _ext_or_skip()
+    x, cu, w, b = _inputs((1, 17, 40), 36, V, torch.float32, "cpu")
+    panels = ext.sparse_max_pack(w)
+    assert torch.equal(ext.sparse_max(x, cu, w, b, panels), ext.sparse_max(x, cu, w, b))
+    for bad in (panels[:-1], panels.transpose(1, 2), panels.double(), ext.sparse_max_pack(w[:-40])):
+        with pytest.raises(RuntimeError, match="panels must be"):
+            ext.sparse_max(x, cu, w, b, bad)
+
+
+def test_cpu_backend_keeps_the_panels_while_the_weight_lives_and_repacks_a_changed_one():
+    _ext_or_skip()
+    import gc
+    import importlib
+
+    sm = importlib.import_module("fastenc.ops.sparse_max")  # (the module: fastenc.ops.sparse_max is the function)
+
+    x, cu, w, b = _inputs((3, 9), 36, 301, torch.float32, "cpu")
+    first = ops.sparse_max(x, cu, w, b, backend="cpu")
+    panels = sm._PANELS[id(w)][2]
+    ops.sparse_max(x, cu, w, b, backend="cpu")
+    assert sm._PANELS[id(w)][2] is panels  # packed once
+    with torch.no_grad():
+        w.mul_(-1.5)  # changed in place: repacked, the result follows the new weight
+    out = ops.sparse_max(x, cu, w, b, backend="cpu")
+    assert sm._PANELS[id(w)][2] is not panels and not torch.equal(out, first)
+    testing.assert_close(out, sparse_max_ref(x, cu, w, b), dtype=torch.float32)
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in sm._PANELS  # dropped with the weight
+
+
 def test_registered_backends():
     assert {"reference", "cpu", "triton"} <= set(registry.impls(OP))
