@@ -43,6 +43,7 @@ using namespace attn;
 
 constexpr int64_t BM = 128;  // most query rows per work item: the register lanes of S^T
 constexpr int64_t BN = 64;   // keys per tile
+static_assert(BN <= kMaxTileKeys, "a tile's keys must fit for_c2p_tile's position buffer");
 static_assert((BM / 2) % PW == 0, "query blocks (BM or BM / 2 rows) must be whole Q^T panels");
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;

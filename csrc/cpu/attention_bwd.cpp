@@ -47,6 +47,7 @@ using namespace attn;
 
 constexpr int64_t BM = 128;  // query lanes per block (a whole number of Q^T panels)
 constexpr int64_t BN = 64;   // keys per tile
+static_assert(BN <= kMaxTileKeys, "a tile's keys must fit for_c2p_tile's position buffer");
 static_assert(BM % PW == 0, "query blocks must be whole Q^T panels");
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -282,10 +283,12 @@ void attention_bwd(const float* grad, const float* q, const float* k, const floa
           // dbias[i - j] += dS^T_ji over the block's rows (lanes >= rows are past the sequence).
           if (db != nullptr && !gathered)
             for (int64_t j = 0; j < nk; ++j) add_row(db + (i0 - j0 - j) + len - 1, w.dst + j * BM, rows);
-          if (gathered && (db != nullptr || dc2p != nullptr || dp2c != nullptr))
+          if (gathered && dc2p != nullptr)
+            c2p_grad_tile(w.dst, BM, rows, nk, qpos + i0, h, start + i0, start, j0, rt, dc2p);
+          if (gathered && (db != nullptr || dp2c != nullptr))
             for (int64_t j = 0; j < nk; ++j)
               relative_grad_row(w.dst + j * BM, rows, qpos + i0, qrun, rt.position(start, j0 + j), h, start + i0,
-                                start + j0 + j, rt, db, db_off, dc2p, dp2c);
+                                start + j0 + j, rt, db, db_off, nullptr, dp2c);
           // dK += dS^T Q;  dQ[i0 : i0 + rows] += dS K (one row per query).
           if (need_dkdv)
             product<true>({w.dst, BM, 1, w.qr + i0 * Dp, Dp, rows, w.dka, Dp, w.ones, 0}, nk, Dp / VW);

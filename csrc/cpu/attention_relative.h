@@ -154,6 +154,7 @@ inline void add_relative_row(float* __restrict st, int64_t rows, const int32_t* 
 inline void relative_grad_row(const float* __restrict ds, int64_t rows, const int32_t* qpos, bool qrun, int32_t kpos,
                               int64_t h, int64_t itok0, int64_t jtok, const RelTerms& t, float* db, int64_t db_off,
                               float* dc2p, float* dp2c) {
+  // (dc2p: the caller passes nullptr where c2p_grad_tile takes it by query instead)
   if (db != nullptr) {
     if (qrun) {
       float* dq = db + qpos[0] - kpos + db_off;
@@ -186,6 +187,47 @@ inline void relative_grad_row(const float* __restrict ds, int64_t rows, const in
     float* p = dp2c + jtok * hs + h * t.S;
     for (int64_t r = 0; r < rows; ++r) p[sl[qpos[r]]] += ds[r];
   }
+}
+
+// The most keys one tile holds (the kernels' BN).
+constexpr int64_t kMaxTileKeys = 64;
+
+// Visits c2p's entries of a tile by query: f(r, j, s) for lanes r < rows and key rows j < nk (query row
+// itok0 + r at position qpos[r], key j0 + j of the sequence starting at `start`), s the pair's slot in query r's
+// c2p row (itok0 + r, h). For one query the keys' slots run consecutively (decreasing with j) wherever the pairs
+// sit in DeBERTa's linear buckets, so a row is written as one contiguous run, where per key row (as
+// relative_grad_row goes) each entry is on a cache line of its own (a diagonal). The backward's dc2p (a
+// read-modify-write per entry) goes this way; the reads of c2p stay per key row (add_relative_row), whose lanes
+// vectorize (reading by query, with the tile's strided stores, was the slower of the two there).
+template <typename F>
+inline void for_c2p_tile(int64_t rows, int64_t nk, const int32_t* qpos, int64_t start, int64_t j0,
+                         const RelTerms& t, F&& f) {
+  int32_t kpos[kMaxTileKeys];
+  bool krun = true;
+  for (int64_t j = 0; j < nk; ++j) {
+    kpos[j] = t.position(start, j0 + j);
+    krun = krun && kpos[j] == kpos[0] + j;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t e0 = t.reach - 1 + qpos[r];  // - kpos[j]: the lookup index of key j
+    const int64_t last = e0 - kpos[nk - 1];     // key nk - 1's (with krun the smallest of the tile)
+    if (krun && t.run[last] >= nk) {
+      const int64_t s_hi = t.slot[last] + nk - 1;  // key j: slot s_hi - j
+      for (int64_t j = 0; j < nk; ++j) f(r, j, s_hi - j);
+    } else {
+      for (int64_t j = 0; j < nk; ++j) f(r, j, t.slot[e0 - kpos[j]]);
+    }
+  }
+}
+
+// dc2p[itok0 + r, h, slot(r, j)] += ds[j * ld + r] over a tile (relative_grad_row then gets dc2p = nullptr); the
+// keys of each query in ascending order, as relative_grad_row's rows would add them.
+inline void c2p_grad_tile(const float* __restrict ds, int64_t ld, int64_t rows, int64_t nk, const int32_t* qpos,
+                          int64_t h, int64_t itok0, int64_t start, int64_t j0, const RelTerms& t, float* dc2p) {
+  const int64_t hs = t.H * t.S;
+  float* c = dc2p + itok0 * hs + h * t.S;
+  for_c2p_tile(rows, nk, qpos, start, j0, t,
+               [&](int64_t r, int64_t j, int64_t s) { c[r * hs + s] += ds[j * ld + r]; });
 }
 
 }  // namespace attn
