@@ -52,3 +52,19 @@ def gemms_alone(call, quick: bool, cache: dict):
     b = latency.breakdown(call, calls=1)
     latency.gemm_alone(b["gemm_shapes"], rounds=3 if quick else 5, cache=cache)
     return latency.gemm_replay(b["gemm_shapes"], cache)
+
+
+def ceiling_fields(samples: dict, alone: list[float], baselines) -> dict:
+    """fastenc's throughput-row fields from its GEMMs timed alone in the same rounds (`alone`, one sample per
+    round beside samples[name] of each provider): their median, fastenc's time over them (median of the per-round
+    ratios) and each baseline's paired ceiling, baseline time / GEMMs-alone time per round (median, 20-80%)."""
+    import statistics
+
+    out = {"gemms_alone_ms": timing.summarize(alone).median_ms,
+           "paired_time_over_gemms_alone": statistics.median(t / a for t, a in zip(samples["fastenc"], alone))}
+    for b in baselines:
+        if b in samples:
+            ratios = [bt / a for bt, a in zip(samples[b], alone)]
+            out[f"paired_ceiling_vs_{b}"] = statistics.median(ratios)
+            out[f"paired_ceiling_vs_{b}_q20_q80"] = [timing.percentile(ratios, q) for q in (0.2, 0.8)]
+    return out

@@ -18,9 +18,7 @@ fixed-workload call, throughput ratios to baselines: of the medians, and paired 
 ratios of the interleaved samples, THROUGHPUT_ROUNDS rounds per workload, with their 20-80% spread). breakdown=True
 adds where fastenc's and transformers' batch-1 time goes (fastenc.benchmark.model_breakdown), and the same for one
 call of each throughput workload, with fastenc's GEMM floor (its GEMMs timed alone) and the ceiling ratio (the sdpa
-baseline's median over that floor) in fastenc's rows; on the CPU it also times those GEMMs alone in the throughput
-rounds themselves (model_breakdown.gemms_alone): fastenc's rows then carry gemms_alone_ms, fastenc's paired time
-over them, and paired_ceiling_vs_<baseline> (each baseline's time over theirs, per round, with the 20-80% spread).
+baseline's median over that floor) in fastenc's rows, paired on the CPU (model_breakdown.gemms_alone, ceiling_fields).
 """
 from __future__ import annotations
 
@@ -405,9 +403,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
     parts = model_breakdown.batch1(bind, lats, quick) if breakdown else {}
     mem: dict[str, float] = {}
     mem_load = next((w for w in THROUGHPUT if w in loads), None)  # fixed, else the first throughput workload
-    per = {}
-    alone: dict[str, list[float]] = {}  # workload -> fastenc's GEMMs alone, timed in the same rounds (breakdown)
-    gemm_cache: dict = {}
+    per, alone, gemm_cache = {}, {}, {}  # alone: workload -> fastenc's GEMMs alone in the same rounds (breakdown)
     for w in THROUGHPUT:
         if w not in loads:
             continue
@@ -423,8 +419,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
             calls[model_breakdown.GEMMS_ALONE] = model_breakdown.gemms_alone(calls["fastenc"], quick, gemm_cache)
         per[w] = timing.interleaved(calls, device, warmup=0 if quick else 1,
                                     repeats=2 if quick else ROUNDS.get(w, THROUGHPUT_ROUNDS), on_round=tick)
-        if model_breakdown.GEMMS_ALONE in per[w]:
-            alone[w] = per[w].pop(model_breakdown.GEMMS_ALONE)
+        alone.update({w: per[w].pop(model_breakdown.GEMMS_ALONE)} if model_breakdown.GEMMS_ALONE in per[w] else {})
     if breakdown:
         parts.update(model_breakdown.throughput(bind, per, quick))
     unit = "images/s" if spec.kind == "vision" else "tokens/s"
@@ -447,13 +442,7 @@ def _time_workloads(spec, fns, loads, device, quick, tick, step, breakdown=False
             if best is not None:
                 row[int8_report.BEST] = best
             if name == "fastenc" and w in alone:  # the paired ceiling: each baseline over the GEMMs alone
-                row["gemms_alone_ms"] = timing.summarize(alone[w]).median_ms
-                row["paired_time_over_gemms_alone"] = 1.0 / paired_ratio(alone[w], s)
-                for b in baselines:
-                    if b in samples:
-                        ratios = [bt / t for bt, t in zip(samples[b], alone[w])]
-                        row[f"paired_ceiling_vs_{b}"] = paired_ratio(samples[b], alone[w])
-                        row[f"paired_ceiling_vs_{b}_q20_q80"] = [timing.percentile(ratios, q) for q in (0.2, 0.8)]
+                row.update(model_breakdown.ceiling_fields(samples, alone[w], baselines))
             own = parts.get(w, {}).get(name) if name == "fastenc" else None
             if own is not None:  # the GEMM floor and the ceiling ratio (model_breakdown.throughput)
                 row["gemm_floor_ms"] = own["gemm_floor_ms"]

@@ -302,11 +302,6 @@ class DisentangledAttention(SelfAttention):
             pq = ((self._shared(rel, 0) if self.share else self.pos_query(rel)) * self.scale).view(s, heads, d)
         return pk, pq
 
-    def rel_terms(self, q: torch.Tensor, k: torch.Tensor, rel: torch.Tensor):
-        """(c2p, p2c), each (tokens, heads, slots) or None: q, k (tokens, heads, head_dim); rel (slots, hidden)."""
-        pk, pq = self.rel_keys(rel)
-        return (None if pk is None else _products(q, pk)), (None if pq is None else _products(k, pq))
-
     def attend_rel(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, positions: torch.Tensor | None,
                    rel: torch.Tensor | None, rel_span: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output before Wo (tokens, hidden), v (tokens, hidden)). positions (tokens,) int64: each
