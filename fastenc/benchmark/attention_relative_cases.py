@@ -302,7 +302,7 @@ def memory_parts(case: MemoryCase) -> dict:
 
     s, n, h = case.sizes, case.sizes.memory_tokens, case.sizes.hidden
     span = reach(case.pair.cfg, n)
-    g = head_group(s.heads, h // s.heads, 2 * span, 2)
+    g = head_group(s.heads, h // s.heads, 2 * span, 2, n)
     mib = 4 / 2**20
     return {"qkv_mib": n * 3 * h * mib, "heads_per_call": g, "c2p_p2c_mib": 2 * n * g * 2 * span * mib,
             "c2p_p2c_all_heads_mib": 2 * n * s.heads * 2 * span * mib, "output_mib": n * h * mib,

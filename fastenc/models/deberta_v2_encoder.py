@@ -17,7 +17,8 @@ c2p / p2c are (tokens, heads, slots) and go to fastenc.ops.attention_qkv with th
 column in the padded batch, as transformers measures distances), which never forms a (seq, seq) tensor. Only the
 slots the batch's widest row can reach are projected (slots = 2 * rel_span, rel_span <= the embeddings' span; see
 `reach`). Extra memory per layer: c2p and p2c, tokens x heads x slots each when autograd records the call; in
-inference the heads run in groups whose products fit in qkv's size (`head_group`), made and freed group by group.
+inference, past 32 MiB of products, the heads run in groups whose products fit in qkv's size (`head_group`), made
+and freed group by group.
 
 Padded positions: transformers computes a state for each (its query sees every column with equal weight, the row's
 mask being all False there); all padded positions of a row share it. The encoder carries one such state per row
@@ -307,7 +308,8 @@ class DisentangledAttention(SelfAttention):
         """(attention output before Wo (tokens, hidden), v (tokens, hidden)). positions (tokens,) int64: each
         token's padded column; rel (2 * rel_span, hidden): the relative embeddings' middle rows, or None.
         With grad mode off the heads run in groups of head_group(...) (one attention call and one pair of c2p / p2c
-        products per group), so the products held at once are at most qkv's size, whatever the slot count."""
+        products per group), so the products held at once are at most qkv's size or GROUP_FROM_BYTES, whatever the
+        slot count."""
         t = x.shape[0]
         qkv = self.Wqkv(x)
         p = self.dropout if self.training else 0.0
@@ -318,7 +320,8 @@ class DisentangledAttention(SelfAttention):
             heads, d = self.heads, self.head_dim
             q, k, v = qkv.view(t, 3, heads, d).unbind(1)
             pk, pq = self.rel_keys(rel)
-            g = heads if torch.is_grad_enabled() else head_group(heads, d, rel.shape[0], self.c2p + self.p2c)
+            g = heads if torch.is_grad_enabled() else head_group(heads, d, rel.shape[0], self.c2p + self.p2c, t,
+                                                                 qkv.element_size())
             if g < heads:
                 o = qkv.new_empty((t, heads, d))
                 for h0 in range(0, heads, g):
@@ -339,9 +342,16 @@ class DisentangledAttention(SelfAttention):
         return o.reshape(t, self.hidden), qkv.view(t, 3, self.hidden)[:, 2]
 
 
-def head_group(heads: int, head_dim: int, slots: int, terms: int) -> int:
-    """Heads per attention call in inference: the most whose c2p / p2c products (terms x slots values per token and
-    head) fit in qkv's size (3 x heads x head_dim per token), at least one."""
+GROUP_FROM_BYTES = 32 << 20  # all heads' products up to this size run in one call (head_group)
+
+
+def head_group(heads: int, head_dim: int, slots: int, terms: int, tokens: int = 0, itemsize: int = 4) -> int:
+    """Heads per attention call in inference: all of them while their c2p / p2c products (terms x slots values per
+    token and head, `itemsize` bytes each) take at most GROUP_FROM_BYTES; past that the most heads whose products
+    fit in qkv's size (3 x heads x head_dim per token), at least one. (A group's products are freed before the
+    next group's are made, and are read while still in cache; each group is one more attention call.)"""
+    if tokens * heads * slots * terms * itemsize <= GROUP_FROM_BYTES:
+        return heads
     return max(1, min(heads, (3 * heads * head_dim) // max(1, terms * slots)))
 
 

@@ -101,14 +101,20 @@ def test_trimmed_slots_match_the_full_span(monkeypatch):
 
 
 def test_head_group_keeps_the_products_within_qkv():
-    from fastenc.models.deberta_v2_encoder import head_group
+    from fastenc.models.deberta_v2_encoder import GROUP_FROM_BYTES, head_group
 
+    big = 1 << 20  # tokens: products far past GROUP_FROM_BYTES
     for heads, d, slots, terms in [(12, 64, 512, 2), (12, 64, 256, 2), (12, 64, 256, 1), (4, 12, 16, 2), (3, 8, 999, 2)]:
-        g = head_group(heads, d, slots, terms)
+        g = head_group(heads, d, slots, terms, big)
         assert 1 <= g <= heads
         assert g == 1 or g * terms * slots <= 3 * heads * d  # the group's products fit in qkv's size
         assert g == heads or (g + 1) * terms * slots > 3 * heads * d  # and no more heads would
-    assert head_group(12, 64, 512, 2) == 2  # DeBERTa-v3-base beyond 256 tokens
+        small = GROUP_FROM_BYTES // (heads * slots * terms * 4)  # the most tokens whose products are small
+        assert head_group(heads, d, slots, terms, small) == heads  # one call
+        assert head_group(heads, d, slots, terms, small + 1, 4) == g
+        assert head_group(heads, d, slots, terms, small + 1, 2) == heads  # (half the bytes in bf16)
+    assert head_group(12, 64, 512, 2, 2048) == 2  # DeBERTa-v3-base, one 2,048-token text
+    assert head_group(12, 64, 256, 2, 1024) == 12  # 8 x 128 tokens: 25 MB of products, one call
 
 
 def test_inference_in_head_groups_equals_all_heads_at_once(monkeypatch):
