@@ -88,13 +88,28 @@ def breakdown(call: Callable[[], object], calls: int = 5) -> dict:
     return out
 
 
+def _gemm_paths(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, o: torch.Tensor,
+                paths=("packed", "panels")) -> dict[str, Callable]:
+    """The ways to compute x @ w.T + b here, each a call: "plain" (torch.addmm into o), and of `paths` (each packs
+    its own copy of w) "packed" (the prepacked oneDNN linear, where torch has oneDNN) and "panels" (fastenc's panel
+    GEMM into o, the extension loaded)."""
+    from fastenc import extension
+    from fastenc.layers import prepack
+
+    fns = {"plain": lambda: torch.addmm(b, x, w.t(), out=o)}
+    if "packed" in paths and torch.backends.mkldnn.is_available():
+        pw = prepack.PackCache().get(w)[0]
+        fns["packed"] = lambda: prepack.linear(x, pw, b)
+    if "panels" in paths and extension.loaded():
+        pp = prepack.PackCache(panels=True).get(w)[0]
+        fns["panels"] = lambda: prepack.panel_gemm(x, pp, w.shape[0], b, o)
+    return fns
+
+
 def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = None) -> dict:
     """Time each 'MxKxN' GEMM alone (fp32, random data): plain torch.addmm into a preallocated output and the
     prepacked oneDNN linear, and (the extension loaded) fastenc's panel GEMM on its panels, interleaved; returns
     the sum over shapes of count x median for each, in ms (a path a shape does not have counts as plain)."""
-    from fastenc import extension
-    from fastenc.layers import prepack
-
     cache = {} if cache is None else cache
     total = {"plain": 0.0, "packed": 0.0, "panels": 0.0}
     with torch.no_grad():
@@ -102,14 +117,7 @@ def gemm_alone(shapes: dict[str, float], rounds: int = 7, cache: dict | None = N
             if key not in cache:
                 m, k, n = (int(v) for v in key.split("x"))
                 x, w, b, o = torch.randn(m, k), torch.randn(n, k), torch.randn(n), torch.empty(m, n)
-                fns = {"plain": lambda: torch.addmm(b, x, w.t(), out=o)}
-                if torch.backends.mkldnn.is_available():
-                    pw = prepack.PackCache().get(w)[0]
-                    fns["packed"] = lambda: prepack.linear(x, pw, b)
-                if extension.loaded():
-                    pp = prepack.PackCache(panels=True).get(w)[0]
-                    fns["panels"] = lambda: prepack.panel_gemm(x, pp, n, b, o)
-                s = timing.interleaved(fns, "cpu", warmup=2, repeats=rounds)
+                s = timing.interleaved(_gemm_paths(x, w, b, o), "cpu", warmup=2, repeats=rounds)
                 cache[key] = {name: statistics.median(v) for name, v in s.items()}
             for name in total:
                 total[name] += count * cache[key].get(name, cache[key]["plain"])
@@ -121,9 +129,6 @@ def gemm_replay(shapes: dict[str, float], cache: dict) -> Callable[[], None]:
     path gemm_alone found fastest for it (`cache` as gemm_alone filled it: every shape must be there), bias
     included, on random fp32 data made here, a weight of its own per call (as each layer has: one weight reused
     would stay in cache): the forward's GEMMs and nothing else, to time beside the forward."""
-    from fastenc import extension
-    from fastenc.layers import prepack
-
     steps = []
     for key, count in shapes.items():
         m, k, n = (int(v) for v in key.split("x"))
@@ -131,15 +136,8 @@ def gemm_replay(shapes: dict[str, float], cache: dict) -> Callable[[], None]:
         path = min(times, key=times.get)
         x, b, o = torch.randn(m, k), torch.randn(n), torch.empty(m, n)
         for _ in range(max(1, round(count))):
-            w = torch.randn(n, k)
-            if path == "packed":
-                pw = prepack.PackCache().get(w)[0]
-                steps.append(lambda x=x, pw=pw, b=b: prepack.linear(x, pw, b))
-            elif path == "panels" and extension.loaded():
-                pp = prepack.PackCache(panels=True).get(w)[0]
-                steps.append(lambda x=x, pp=pp, n=n, b=b, o=o: prepack.panel_gemm(x, pp, n, b, o))
-            else:
-                steps.append(lambda x=x, wt=w.t(), b=b, o=o: torch.addmm(b, x, wt, out=o))
+            fns = _gemm_paths(x, torch.randn(n, k), b, o, paths=(path,))
+            steps.append(fns.get(path, fns["plain"]))
 
     def run() -> None:
         with torch.no_grad():

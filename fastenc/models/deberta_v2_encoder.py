@@ -205,7 +205,7 @@ class _QKProducts(torch.autograd.Function):
     def backward(ctx, g_c2p, g_p2c):
         qkv, pk, pq = ctx.saved_tensors
         heads, t = ctx.heads, qkv.shape[0]
-        d_qkv = d_pk = d_pq = None
+        d_qkv, d_p = None, [None, None]  # d qkv, [d pk, d pq]
         if ctx.needs_input_grad[0]:
             d_qkv = qkv.new_empty(qkv.shape)
             blocks = d_qkv.view(t, 3, heads, -1).unbind(1)
@@ -221,11 +221,10 @@ class _QKProducts(torch.autograd.Function):
                 for h in range(heads):
                     torch.mm(g[:, h], p[:, h], out=blocks[part][:, h])
             if ctx.needs_input_grad[1 + part]:
-                dp = p.new_empty(p.shape)
+                d_p[part] = p.new_empty(p.shape)
                 for h in range(heads):
-                    torch.mm(g[:, h].t(), a[:, h], out=dp[:, h])
-                d_pk, d_pq = (dp, d_pq) if part == 0 else (d_pk, dp)
-        return d_qkv, d_pk, d_pq, None
+                    torch.mm(g[:, h].t(), a[:, h], out=d_p[part][:, h])
+        return d_qkv, d_p[0], d_p[1], None
 
 
 def reach(cfg: DebertaV2Config, width: int) -> int:

@@ -8,8 +8,8 @@ Every backend implements one contract:
   bias (V,) or None in x's dtype. Returns a new (batch, V) fp32 tensor.
 reference: plain PyTorch (forms the (tokens, V) logits; differentiable). cpu: csrc/cpu/sparse_max.cpp, the packed-panel
 GEMM's register tile with a running-max epilogue (fp32 math), on the weight packed into its panels once and kept
-while the weight lives (an fp32 copy of it; repacked when the weight changes), so a call packs nothing. triton: fastenc/kernels/sparse_max.py, tl.dot tiles with
-a running max. The fast backends never store the (tokens, V) logits, and have no backward.
+while the weight lives (an fp32 copy of it; repacked when the weight changes), so a call packs nothing. triton:
+fastenc/kernels/sparse_max.py, tl.dot tiles with a running max. The fast backends never store the (tokens, V) logits, and have no backward.
 """
 from __future__ import annotations
 
